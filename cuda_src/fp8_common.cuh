@@ -1,0 +1,64 @@
+// Shared device code of the h3kernels CUDA sources: integer types without <cstdint>
+// (NVRTC has no standard headers), the FP8 mma in its three forms, and the roundings the
+// contract names (bf16 RNE, e4m3 RNE satfinite).
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// H3_MMA_FORM picks the instruction at compile time:
+//   0  legacy mma.sync.m16n8k32.e4m3 (sm_89, sm_90, sm_120a)
+//   1  mma.sync kind::f8f6f4 (sm_120a)
+//   2  mma.sync kind::mxf8f6f4 block_scale with unit UE8M0 scales (sm_120a)
+// All three compute the same FP32 sums of exact e4m3 products.
+#ifndef H3_MMA_FORM
+#define H3_MMA_FORM 0
+#endif
+
+// D += A * B for one m16n8k32 tile. Fragments as in shared/notes/mma_m16n8k32_e4m3_layout.md.
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if H3_MMA_FORM == 0
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif H3_MMA_FORM == 1
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e4m3.e4m3.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif H3_MMA_FORM == 2
+  const u32 unit_scale = 0x7F7F7F7Fu;  // UE8M0 0x7F is 2^0 in every byte
+  const u16 zero = 0;
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3}, %10, {%12,%12}, %11, {%12,%12};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(unit_scale),
+        "r"(unit_scale), "h"(zero));
+#else
+#error "H3_MMA_FORM must be 0, 1 or 2"
+#endif
+}
+
+// Two FP32 values -> two e4m3 bytes (lo in bits 0..7), RNE with saturation to +-448.
+__device__ __forceinline__ u16 e4m3x2_from_f32(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float f32_from_bf16(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+__device__ __forceinline__ u16 bf16_from_f32(float f) {
+  u16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ float round_bf16(float f) { return f32_from_bf16(bf16_from_f32(f)); }

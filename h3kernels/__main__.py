@@ -1,0 +1,52 @@
+"""python -m h3kernels {demo,info}"""
+import argparse
+import sys
+
+
+def gpu_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def cmd_info(_args):
+    from . import jit
+
+    d, n, size = jit.cache_usage()
+    print(f"h3kernels sources: {jit.source_dir()}")
+    print(f"compile cache: {d} ({n} cubins, {size / 1e6:.1f} MB)")
+    if not gpu_available():
+        print("GPU: none found (torch.cuda.is_available() is False)")
+        return 0
+    import torch
+
+    i = torch.cuda.current_device()
+    cc = torch.cuda.get_device_capability(i)
+    arch = jit.arch_for(cc)
+    print(f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {cc[0]}.{cc[1]} -> {arch}")
+    print(f"mma forms compiled for it: {jit.MMA_FORMS[arch]} (0 legacy, 1 kind::f8f6f4, 2 kind::mxf8f6f4)")
+    return 0
+
+
+def cmd_demo(args):
+    from . import demo
+
+    return demo.run_gpu(args) if gpu_available() else demo.run_cpu(args)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m h3kernels")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="device, arch, mma forms, compile cache").set_defaults(fn=cmd_info)
+    d = sub.add_parser("demo", help="run the operators at MiniMax-H3 sizes against the reference")
+    d.add_argument("--rows", type=int, default=16384, help="MLP rows M on the GPU (default 16384)")
+    d.set_defaults(fn=cmd_demo)
+    a = p.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

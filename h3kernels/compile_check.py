@@ -1,0 +1,77 @@
+"""python -m h3kernels.compile_check: compile every cuda_src/*.cu for sm_120a and sm_90, no GPU needed.
+
+Prints registers, static shared memory and spill bytes per kernel and mma form. Exits non-zero
+on a compile error, on any spill or stack frame of spilled registers, or on more static shared
+memory than an SM120 block may use.
+"""
+import argparse
+import re
+import sys
+
+from . import jit
+
+SM120_SMEM_LIMIT = 99 * 1024
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log):
+    """{kernel: dict(regs, smem, stack, spill_st, spill_ld)} from an -Xptxas=-v log."""
+    out, cur = {}, None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            cur = out.setdefault(m.group(1), dict(regs=0, smem=0, stack=0, spill_st=0, spill_ld=0))
+            continue
+        if cur is None:
+            continue
+        m = _SPILL.search(line)
+        if m:
+            cur.update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        m = _USED.search(line)
+        if m:
+            cur.update(regs=int(m.group(1)), smem=int(m.group(2) or 0))
+    return out
+
+
+def check(archs=("sm_120a", "sm_90"), names=None, out=None):
+    out = out or sys.stdout
+    failures = []
+    print(f"NVRTC {'.'.join(map(str, jit.nvrtc().version))}, sources in {jit.source_dir()}", file=out)
+    print(f"{'source':<24}{'arch':<9}{'form':>5}  {'kernel':<28}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
+          file=out)
+    for name in names or jit.sources():
+        for arch in archs:
+            for form in jit.MMA_FORMS[arch]:
+                try:
+                    _, log, _ = jit.compile_cubin(name, arch, {"H3_MMA_FORM": form}, ("-Xptxas=-v",),
+                                                  use_cache=False)
+                except jit.CompileError as err:
+                    failures.append(f"{name} {arch} form {form}: compile error")
+                    print(err, file=out)
+                    continue
+                for kernel, r in sorted(parse_ptxas(log).items()):
+                    spill = r["spill_st"] + r["spill_ld"]
+                    print(f"{name:<24}{arch:<9}{form:>5}  {kernel:<28}{r['regs']:>5}{r['smem']:>8}"
+                          f"{r['stack']:>6}{spill:>7}", file=out)
+                    if spill:
+                        failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
+                    if r["smem"] > SM120_SMEM_LIMIT:
+                        failures.append(f"{name} {arch} form {form} {kernel}: {r['smem']} B static smem")
+    for f in failures:
+        print("FAIL", f, file=out)
+    print("compile_check:", "FAILED" if failures else "ok", file=out)
+    return not failures
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m h3kernels.compile_check", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", action="append", choices=sorted(jit.MMA_FORMS), help="default: sm_120a and sm_90")
+    p.add_argument("sources", nargs="*", help="stems of cuda_src/*.cu (default: all)")
+    a = p.parse_args(argv)
+    return 0 if check(tuple(a.arch or ("sm_120a", "sm_90")), a.sources or None) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

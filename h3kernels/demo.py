@@ -1,0 +1,105 @@
+"""`python -m h3kernels demo`: what exists, run at MiniMax-H3 sizes and checked against the reference."""
+import time
+
+from .shapes import HIDDEN
+
+NOT_BUILT = ("minimax_h3_mlp_fp8 (FC1+SwiGLU and FC2 GEMMs) and minimax_h3_varlen_attention_fp8 "
+             "are not built yet; their reference (CPU) definitions are in h3kernels.reference.")
+
+
+def make_row_inputs(m, rows=50, device="cpu", seed=0):
+    """Random MLP row-stage inputs: AdaLN tables are column chunks of a [rows, 6*5376] projection,
+    and every 7th index is out of range."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = (torch.randn(m, HIDDEN, generator=g, device=device) * 2).bfloat16()
+    w = (1 + 0.1 * torch.randn(HIDDEN, generator=g, device=device)).bfloat16()
+    mod = (0.5 * torch.randn(rows, 6 * HIDDEN, generator=g, device=device)).bfloat16()
+    idx = torch.randint(0, rows, (m,), generator=g, device=device)
+    idx[::7] = rows + 3
+    return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
+
+
+def _rel_l2(a, b):
+    return float((a - b).double().norm() / b.double().norm())
+
+
+def _cos(a, b):
+    import torch
+
+    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+
+
+def run_cpu(args):
+    import torch
+
+    from . import reference as R
+
+    print("No CUDA GPU found: the FP8 kernels need an sm_89, sm_90 or sm_120 GPU.")
+    print("Running h3kernels.reference (the CPU oracle) on a small case instead.\n")
+    t0 = time.time()
+    m, rows = 4, 3
+    x, w, sc, sh, idx = make_row_inputs(m, rows)
+    g = torch.Generator().manual_seed(1)
+    w1 = (torch.randn(2 * 14336, HIDDEN, generator=g) * HIDDEN ** -0.5).bfloat16()
+    w2 = (torch.randn(HIDDEN, 14336, generator=g) * 14336 ** -0.5).bfloat16()
+    gate = (torch.randn(rows, HIDDEN, generator=g)).bfloat16()
+    residual = torch.randn(m, HIDDEN, generator=g).bfloat16()
+    q1, s1 = R.prepare_minimax_h3_fc1_weight_fp8(w1)
+    q2, s2 = R.prepare_minimax_h3_fc2_weight_fp8(w2)
+    out = R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
+    exact = R.mlp_exact_bf16(x, w, sc, sh, idx, gate, w1, w2)
+    delta = out.float() - residual.float()
+    ok = (R.index_guard(idx, rows)[1])
+    print(f"MLP reference, M={m}: out - residual vs unquantized FP32: "
+          f"cos {_cos(delta[ok], exact[ok]):.5f}, rel L2 {_rel_l2(delta[ok], exact[ok]):.4f} "
+          f"({time.time() - t0:.1f} s)")
+
+    t0 = time.time()
+    seg, heads = [0, 200, 200, 456], 4
+    tokens = seg[-1]
+    q, k, v = (torch.randn(tokens, heads, 128, generator=g).bfloat16() for _ in range(3))
+    cu = torch.tensor(seg, dtype=torch.int32)
+    o = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    e = R.attention_exact(q, k, v, cu)
+    print(f"attention reference, segments {[b - a for a, b in zip(seg, seg[1:])]}, {heads} heads: "
+          f"rel L2 vs float64 softmax {_rel_l2(o, e):.4f} ({time.time() - t0:.1f} s)")
+    print("\n" + NOT_BUILT)
+    return 0
+
+
+def run_gpu(args):
+    import torch
+
+    from . import jit, mma_ceiling, reference as R
+    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
+    from .timing import copy_bandwidth_gbs, median_ms
+
+    dev = torch.cuda.current_device()
+    cc = torch.cuda.get_device_capability(dev)
+    arch = jit.arch_for(cc)
+    print(f"GPU: {torch.cuda.get_device_name(dev)} (compute capability {cc[0]}.{cc[1]} -> {arch})\n")
+
+    m = args.rows
+    x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
+    a_q, a_s = minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
+    ref = R.mlp_row_stage(*(t.cpu() for t in (x, w, sc, sh, idx)))
+    rq, rs = R.quantize_rows(ref)
+    same_q = int((a_q.cpu().view(torch.uint8) != rq.view(torch.uint8)).sum())
+    same_s = int((a_s.cpu().view(torch.int32) != rs.view(torch.int32)).sum())
+    ms = median_ms(lambda: minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx, workspace_a_q=a_q,
+                                                        workspace_a_scale=a_s))
+    torch_ms = median_ms(lambda: R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx)), reps=5)
+    nbytes = x.numel() * 2 + a_q.numel() + a_s.numel() * 4
+    copy_gbs, _ = copy_bandwidth_gbs(nbytes)
+    gbs = nbytes / (ms * 1e-3) / 1e9
+    print(f"MLP row stage (RMSNorm + AdaLN + e4m3 quantization), M={m}:")
+    print(f"  vs reference: {same_q} of {a_q.numel()} a_q bytes and {same_s} of {m} scales differ")
+    print(f"  h3kernels (Numba) {ms:.3f} ms = {gbs:.0f} GB/s, {100 * gbs / copy_gbs:.0f}% of a torch copy "
+          f"of the same bytes ({copy_gbs:.0f} GB/s); torch eager {torch_ms:.3f} ms\n")
+
+    for form in mma_ceiling.supported_forms(dev):
+        print(f"e4m3 mma.sync ceiling, form {form}: {mma_ceiling.measure_tflops(dev, form):.0f} TFLOP/s")
+    print("\n" + NOT_BUILT)
+    return 0 if same_q == 0 and same_s == 0 else 1

@@ -1,0 +1,193 @@
+"""The one bridge between the caller's arrays (torch or CuPy) and our kernels.
+
+A `Call` is opened on the named arguments of one operator call. It checks that they are all
+of one kind and on one device, hands out raw-bit CuPy views (bf16 as uint16, e4m3 as uint8)
+and Numba views of them, allocates results of the caller's kind, and gives the caller's
+current stream to CuPy and Numba launches. Nothing here synchronizes the host.
+"""
+import contextlib
+import functools
+
+BF16, E4M3, F32, I64, I32 = "bfloat16", "float8_e4m3fn", "float32", "int64", "int32"
+_RAW = {BF16: "uint16", E4M3: "uint8", F32: "float32", I64: "int64", I32: "int32"}
+_ITEMSIZE = {BF16: 2, E4M3: 1, F32: 4, I64: 8, I32: 4}
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def kind_of(a):
+    """'torch' or 'cupy', without importing a framework the caller did not use."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch" and isinstance(a, _torch().Tensor):
+        return "torch"
+    if mod == "cupy" and isinstance(a, _cupy().ndarray):
+        return "cupy"
+    return None
+
+
+def logical_dtype(a):
+    """The contract's dtype name of a torch tensor or CuPy array, or None if it has none."""
+    if kind_of(a) == "torch":
+        t = _torch()
+        return {t.bfloat16: BF16, t.float8_e4m3fn: E4M3, t.float32: F32, t.int64: I64,
+                t.int32: I32}.get(a.dtype)
+    name = a.dtype.name
+    return {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8": E4M3,
+            "float32": F32, "int64": I64, "int32": I32}.get(name)
+
+
+def describe(a):
+    if kind_of(a) is None:
+        return type(a).__name__
+    return f"{kind_of(a)} {a.dtype} {tuple(a.shape)} on {device_name(a)}"
+
+
+def device_name(a):
+    if kind_of(a) == "torch":
+        return str(a.device)
+    return f"cuda:{a.device.id}"
+
+
+def strides_elems(a):
+    if kind_of(a) == "torch":
+        return tuple(a.stride())
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def data_ptr(a):
+    return a.data_ptr() if kind_of(a) == "torch" else a.data.ptr
+
+
+class Call:
+    """One operator call's view of its arguments: kind, device, stream."""
+
+    def __init__(self, named):
+        kinds = {}
+        for name, a in named.items():
+            if a is None:
+                continue
+            k = kind_of(a)
+            if k is None:
+                raise TypeError(f"{name}: got {type(a).__module__}.{type(a).__name__}; "
+                                "need a torch CUDA tensor or a CuPy array")
+            kinds.setdefault(k, name)
+        if len(kinds) > 1:
+            (ka, na), (kb, nb) = list(kinds.items())[:2]
+            raise TypeError(f"{nb}: got a {kb} array while {na} is a {ka} array; "
+                            "need every array of one call to be of one kind")
+        if not kinds:
+            raise TypeError("no array arguments")
+        self.kind = next(iter(kinds))
+        self.device_id = None
+        first = None
+        for name, a in named.items():
+            if a is None:
+                continue
+            if self.kind == "torch" and a.device.type != "cuda":
+                raise ValueError(f"{name}: got a tensor on {a.device}; need a CUDA tensor")
+            dev = a.device.index if self.kind == "torch" else a.device.id
+            if self.device_id is None:
+                self.device_id, first = dev, name
+            elif dev != self.device_id:
+                raise ValueError(f"{name}: got an array on cuda:{dev} while {first} is on "
+                                 f"cuda:{self.device_id}; need one device")
+        if self.kind == "torch":
+            self.stream_ptr = _torch().cuda.current_stream(self.device_id).cuda_stream
+        else:
+            with _cupy().cuda.Device(self.device_id):
+                self.stream_ptr = _cupy().cuda.get_current_stream().ptr
+
+    @contextlib.contextmanager
+    def active(self):
+        """Makes this call's device and stream CuPy's current ones (so DLPack needs no sync)."""
+        cp = _cupy()
+        with cp.cuda.Device(self.device_id), cp.cuda.ExternalStream(self.stream_ptr, self.device_id):
+            yield
+
+    def raw(self, a):
+        """A CuPy view of `a` in raw-bit dtypes (bf16 -> uint16, e4m3 -> uint8); no copy."""
+        cp = _cupy()
+        dt = logical_dtype(a)
+        if self.kind == "torch":
+            t = _torch()
+            if dt == BF16:
+                a = a.view(t.int16)
+            elif dt == E4M3:
+                a = a.view(t.uint8)
+            return cp.from_dlpack(a).view(_RAW[dt]) if a.numel() else cp.empty(tuple(a.shape), _RAW[dt])
+        return a.view(_RAW[dt]) if a.dtype.name != _RAW[dt] else a
+
+    def numba(self, a):
+        """A Numba device view of raw(a), imported without a host sync."""
+        from numba import cuda
+
+        r = self.raw(a)
+        return cuda.from_cuda_array_interface(r.__cuda_array_interface__, owner=r, sync=False)
+
+    def numba_span(self, a):
+        """A flat 1-D Numba view from a's first element through its last (strided rows, no copy)."""
+        from numba import cuda
+
+        r = self.raw(a)
+        last = sum((n - 1) * s for n, s in zip(a.shape, strides_elems(a)))
+        span = _cupy().ndarray((last + 1,), r.dtype, r.data, strides=(r.itemsize,))
+        return cuda.from_cuda_array_interface(span.__cuda_array_interface__, owner=span, sync=False)
+
+    def numba_stream(self):
+        from numba import cuda
+
+        return cuda.external_stream(self.stream_ptr)
+
+    @contextlib.contextmanager
+    def numba_device(self):
+        from numba import cuda
+
+        with cuda.gpus[self.device_id]:
+            yield
+
+    def empty(self, shape, dtype):
+        """A new array of the caller's kind on the call's device, stream-ordered."""
+        if self.kind == "torch":
+            t = _torch()
+            tdt = {BF16: t.bfloat16, E4M3: t.float8_e4m3fn, F32: t.float32, I64: t.int64, I32: t.int32}[dtype]
+            return t.empty(shape, dtype=tdt, device=f"cuda:{self.device_id}")
+        cp = _cupy()
+        with self.active():
+            return cp.empty(shape, dtype=_cupy_dtype(dtype))
+
+    def launch(self, function, grid, block, args, shared_mem=0):
+        """Launches a CuPy RawModule function on the caller's stream."""
+        cp = _cupy()
+        with cp.cuda.Device(self.device_id):
+            function(grid, block, args, shared_mem=shared_mem,
+                     stream=cp.cuda.ExternalStream(self.stream_ptr, self.device_id))
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_dtype(dtype):
+    """CuPy dtype for new arrays: ml_dtypes types where CuPy and ml_dtypes know them, else raw bits."""
+    if dtype in (BF16, E4M3):
+        try:
+            import ml_dtypes
+
+            cp = _cupy()
+            want = ml_dtypes.bfloat16 if dtype == BF16 else ml_dtypes.float8_e4m3fn
+            cp.empty(0, dtype=want)
+            return want
+        except Exception:
+            pass
+    return _RAW[dtype]
+
+
+def itemsize(dtype):
+    return _ITEMSIZE[dtype]

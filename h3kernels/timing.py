@@ -1,0 +1,35 @@
+"""CUDA-event timing on the caller's torch stream: warm-up, then the median of many runs."""
+import statistics
+
+
+def median_ms(fn, warmup=3, reps=20, setup=None):
+    """Median milliseconds of fn() over `reps` runs; setup(i), if given, runs untimed before run i
+    (rotate inputs there so that repeated runs do not measure the L2 cache)."""
+    import torch
+
+    for i in range(warmup):
+        if setup:
+            setup(i)
+        fn()
+    times = []
+    for i in range(reps):
+        if setup:
+            setup(i)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes, device=None, reps=20):
+    """GB/s of a torch device-to-device copy of `nbytes` (bytes read + bytes written, over time)."""
+    import torch
+
+    n = max(int(nbytes) // 2, 1)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), reps=reps)
+    return 2 * n / (ms * 1e-3) / 1e9, ms

@@ -1,0 +1,70 @@
+"""The kernel loader: per-arch compile without a GPU, cache keys, disk cache placement."""
+import shutil
+
+import pytest
+
+from h3kernels import compile_check, jit
+
+
+def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):
+    assert compile_check.main([]) == 0
+    out = capsys.readouterr().out
+    assert "sm_120a" in out and "sm_90" in out and "compile_check: ok" in out
+
+
+def test_arch_mapping():
+    assert jit.arch_for((12, 0)) == "sm_120a"
+    assert jit.arch_for((9, 0)) == "sm_90"
+    assert jit.arch_for((8, 9)) == "sm_89"
+    with pytest.raises(ValueError, match="compute capability 8.0 is not supported"):
+        jit.arch_for((8, 0))
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    src = tmp_path / "cuda_src"
+    shutil.copytree(jit.source_dir(), src)
+    monkeypatch.setattr(jit, "source_dir", lambda: src)
+    monkeypatch.setenv("H3KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    return src
+
+
+def test_cache_key_covers_included_files_and_options(sandbox):
+    opts = jit.options_for("sm_90", {"H3_MMA_FORM": 0})
+    key = jit.cache_key("mma_ceiling", opts)
+    assert jit.cache_key("mma_ceiling", opts) == key
+    assert jit.cache_key("mma_ceiling", jit.options_for("sm_120a", {"H3_MMA_FORM": 0})) != key
+    header = sandbox / "fp8_common.cuh"
+    header.write_text(header.read_text() + "\n// a comment changes the key\n")
+    assert jit.cache_key("mma_ceiling", opts) != key
+
+
+def test_disk_cache_is_used_and_lives_outside_the_package(sandbox, tmp_path):
+    before = sorted(p.name for p in sandbox.iterdir())
+    cubin, log, key = jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
+    assert cubin[:4] == b"\x7fELF"
+    cached = list((tmp_path / "cache").glob(f"*{key}.cubin"))
+    assert len(cached) == 1
+    again, log2, _ = jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
+    assert again == cubin and log2 == ""  # served from disk, not recompiled
+    assert sorted(p.name for p in sandbox.iterdir()) == before
+
+
+def test_missing_include_is_a_clear_error(sandbox):
+    (sandbox / "broken.cu").write_text('#include "nowhere.cuh"\n')
+    with pytest.raises(jit.CompileError, match="nowhere.cuh"):
+        jit.compile_cubin("broken", "sm_90")
+
+
+def test_compile_error_carries_the_log(sandbox):
+    (sandbox / "bad.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
+    with pytest.raises(jit.CompileError, match="undefined_thing"):
+        jit.compile_cubin("bad", "sm_90", use_cache=False)
+
+
+def test_ptxas_log_parsing():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_120a'\n"
+           "ptxas info    : Function properties for k\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 96 registers, used 1 barriers, 73728 bytes smem\n")
+    assert compile_check.parse_ptxas(log) == {"k": dict(regs=96, smem=73728, stack=8, spill_st=4, spill_ld=4)}

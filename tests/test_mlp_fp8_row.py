@@ -1,0 +1,149 @@
+"""The Numba row kernel: bitwise equal to the reference, in the simulator (CI) and on the GPU."""
+import numpy as np
+import pytest
+import torch
+
+from h3kernels import reference as R
+from h3kernels.demo import make_row_inputs
+from h3kernels.shapes import HIDDEN
+from numba.cuda import config
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+
+def hard_rows(m, rows=6):
+    """Random rows plus out-of-range indices, zero rows and large magnitudes."""
+    x, w, sc, sh, idx = make_row_inputs(m, rows, seed=torch.seed() % 2**31)
+    if m >= 3:
+        idx[0], idx[1] = -1, rows  # out of range
+        x[2] = 0  # zero row: a = shift
+    if m >= 5:
+        x[3] *= 1e15  # large, still finite sum of squares
+        x[4] *= 1e25  # sum of squares overflows: r = 0, a = shift
+    if m >= 7:
+        idx[5] = 2**62
+        sh[idx[6] if 0 <= idx[6] < rows else 0] *= 3e4
+    return x, w, sc, sh, idx
+
+
+def expected(x, w, sc, sh, idx):
+    return R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
+
+
+def bits16(t):
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def flat(t):
+    return torch.as_strided(t, ((t.shape[0] - 1) * t.stride(0) + t.shape[1],), (1,))
+
+
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_simulator_row_kernel_is_bitwise_equal_to_reference(m):
+    from h3kernels import mlp_fp8_row
+
+    x, w, sc, sh, idx = hard_rows(m)
+    a_q = np.full((m, HIDDEN), 0x7F, np.uint8)  # poison: NaN codes
+    a_s = np.full(m, np.nan, np.float32)
+    mlp_fp8_row.launch(bits16(x), bits16(w), bits16(flat(sc)), bits16(flat(sh)), sc.stride(0), sc.shape[0],
+                       idx.numpy(), 1e-5, a_q, a_s)
+    q, s = expected(x, w, sc, sh, idx)
+    assert np.array_equal(a_q, q.view(torch.uint8).numpy())
+    assert np.array_equal(a_s.view(np.uint32), s.numpy().view(np.uint32))
+
+
+def run_gpu(m, kind="torch", stream=False, workspaces=False):
+    import h3kernels
+
+    x, w, sc, sh, idx = hard_rows(m)
+    dev = [t.cuda() for t in (x, w)]
+    wide_sc, wide_sh = sc.cuda(), sh.cuda()
+    args = dev + [wide_sc, wide_sh, idx.cuda()]
+    ws = {}
+    if workspaces:
+        ws = dict(workspace_a_q=torch.full((m, HIDDEN), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn),
+                  workspace_a_scale=torch.full((m,), float("nan"), device="cuda"))
+    if kind == "cupy":
+        import cupy
+
+        to = lambda t: cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16) if t.dtype == torch.bfloat16 else \
+            cupy.from_dlpack(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)
+        args = [to(a) for a in args]
+        ws = {k: to(v) for k, v in ws.items()}
+    if stream:
+        x_late = torch.full_like(args[0], float("nan"))
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)  # a long wait on the side stream before x is written there:
+            x_late.copy_(args[0])  # a launch on any other stream would read the NaN poison
+            args[0] = x_late
+            a_q, a_s = h3kernels.minimax_h3_mlp_fp8_row_stage(*args, **ws)
+        s.synchronize()
+    else:
+        a_q, a_s = h3kernels.minimax_h3_mlp_fp8_row_stage(*args, **ws)
+        torch.cuda.synchronize()
+    if kind == "cupy":
+        a_q, a_s = torch.from_dlpack(a_q.view("uint8")), torch.from_dlpack(a_s)
+    else:
+        assert isinstance(a_q, torch.Tensor) and a_q.dtype == torch.float8_e4m3fn
+        a_q = a_q.view(torch.uint8)
+    if workspaces and kind == "torch":
+        assert a_q.data_ptr() == ws["workspace_a_q"].data_ptr()
+    q, s = expected(x, w, sc, sh, idx)
+    assert torch.equal(a_q.cpu(), q.view(torch.uint8))
+    assert torch.equal(a_s.cpu().view(torch.int32), s.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 17, 1000, 16384])
+def test_gpu_row_kernel_is_bitwise_equal_to_reference(m):
+    run_gpu(m, workspaces=(m == 1000))
+
+
+@pytest.mark.gpu
+def test_gpu_row_kernel_with_cupy_inputs_returns_cupy():
+    run_gpu(333, kind="cupy", workspaces=True)
+
+
+@pytest.mark.gpu
+def test_gpu_row_kernel_runs_on_the_callers_stream():
+    run_gpu(4096, stream=True)
+
+
+@pytest.mark.gpu
+def test_gpu_row_kernel_cupy_stream():
+    import cupy
+
+    import h3kernels
+
+    x, w, sc, sh, idx = hard_rows(2048)
+    conv = lambda t: cupy.from_dlpack(t.cuda().view(torch.int16)).view(cupy.uint16)
+    xc, wc, scc, shc = conv(x), conv(w), conv(sc), conv(sh)
+    idx_c = cupy.from_dlpack(idx.cuda())
+    xs = cupy.full(xc.shape, 0x7FC0, dtype=cupy.uint16)  # NaN poison
+    busy = cupy.ones(1 << 28, dtype=cupy.float32)
+    torch.cuda.synchronize()
+    with cupy.cuda.Stream(non_blocking=True) as s:
+        for _ in range(20):  # keep s busy before x is written there
+            busy *= 1.0001
+        xs[...] = xc  # only stream order makes this visible to the kernel
+        a_q, a_s = h3kernels.minimax_h3_mlp_fp8_row_stage(xs, wc, scc, shc, idx_c)
+        assert isinstance(a_q, cupy.ndarray)
+        s.synchronize()
+    q, sref = expected(x, w, sc, sh, idx)
+    assert np.array_equal(cupy.asnumpy(a_q.view(cupy.uint8)), q.view(torch.uint8).numpy())
+    assert np.array_equal(cupy.asnumpy(a_s).view(np.uint32), sref.numpy().view(np.uint32))
+
+
+@pytest.mark.gpu
+def test_gpu_row_kernel_repeated_runs_identical():
+    import h3kernels
+
+    x, w, sc, sh, idx = (t.cuda() for t in hard_rows(3000))
+    first = h3kernels.minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
+    for _ in range(3):
+        again = h3kernels.minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
+        assert torch.equal(again[0].view(torch.uint8), first[0].view(torch.uint8))
+        assert torch.equal(again[1], first[1])

@@ -1,0 +1,34 @@
+"""One m16n8k32 tile per mma form against a float64 product, and the forms against each other."""
+import numpy as np
+import pytest
+import torch
+
+
+def random_e4m3(shape):
+    v = torch.randn(shape) * 4
+    return torch.clamp(v, -448, 448).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.gpu
+def test_every_form_matches_float64_and_each_other():
+    import cupy
+
+    from h3kernels import mma_ceiling
+
+    results = {}
+    for _ in range(20):
+        a, b = random_e4m3((16, 32)), random_e4m3((8, 32))
+        want = (a.double() @ b.double().T).float().numpy()
+        for form in mma_ceiling.supported_forms(0):
+            d = mma_ceiling.mma_tile(cupy.asarray(a.view(torch.uint8).numpy()),
+                                     cupy.asarray(b.view(torch.uint8).numpy()), form)
+            got = cupy.asnumpy(d)
+            np.testing.assert_array_equal(got, want)
+            results.setdefault(form, []).append(got)
+
+
+@pytest.mark.gpu
+def test_ceiling_is_measured():
+    from h3kernels import mma_ceiling
+
+    assert mma_ceiling.measure_tflops(0, 0, iters=256, reps=3) > 10
