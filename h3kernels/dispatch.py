@@ -110,8 +110,7 @@ class Call:
     @contextlib.contextmanager
     def active(self):
         """Makes this call's device and stream CuPy's current ones (so DLPack needs no sync)."""
-        cp = _cupy()
-        with cp.cuda.Device(self.device_id), cp.cuda.ExternalStream(self.stream_ptr, self.device_id):
+        with _cupy().cuda.Device(self.device_id), cupy_stream(self.stream_ptr, self.device_id):
             yield
 
     def raw(self, a):
@@ -127,21 +126,17 @@ class Call:
             return cp.from_dlpack(a).view(_RAW[dt]) if a.numel() else cp.empty(tuple(a.shape), _RAW[dt])
         return a.view(_RAW[dt]) if a.dtype.name != _RAW[dt] else a
 
-    def numba(self, a):
-        """A Numba device view of raw(a), imported without a host sync."""
-        from numba import cuda
+    def numba(self, a, view=None):
+        """A Numba device view of `a` in raw bits, reinterpreted as `view` if given (e.g. 'uint64'
+        for bf16 quads along the last axis). Built from the pointer, shape and strides alone, and
+        imported without a host sync."""
+        raw = _RAW[logical_dtype(a)]
+        return _numba_view(data_ptr(a), tuple(a.shape), strides_elems(a), raw, view, owner=a)
 
-        r = self.raw(a)
-        return cuda.from_cuda_array_interface(r.__cuda_array_interface__, owner=r, sync=False)
-
-    def numba_span(self, a):
+    def numba_span(self, a, view=None):
         """A flat 1-D Numba view from a's first element through its last (strided rows, no copy)."""
-        from numba import cuda
-
-        r = self.raw(a)
         last = sum((n - 1) * s for n, s in zip(a.shape, strides_elems(a)))
-        span = _cupy().ndarray((last + 1,), r.dtype, r.data, strides=(r.itemsize,))
-        return cuda.from_cuda_array_interface(span.__cuda_array_interface__, owner=span, sync=False)
+        return _numba_view(data_ptr(a), (last + 1,), (1,), _RAW[logical_dtype(a)], view, owner=a)
 
     def numba_stream(self):
         from numba import cuda
@@ -170,7 +165,43 @@ class Call:
         cp = _cupy()
         with cp.cuda.Device(self.device_id):
             function(grid, block, args, shared_mem=shared_mem,
-                     stream=cp.cuda.ExternalStream(self.stream_ptr, self.device_id))
+                     stream=cupy_stream(self.stream_ptr, self.device_id))
+
+
+def _numba_view(ptr, shape, strides, raw, view, owner):
+    """Numba array over device memory at ptr; `view` reinterprets the (unit-stride) last axis."""
+    import numpy as np
+    from numba import cuda
+
+    item = np.dtype(raw).itemsize
+    dt = np.dtype(view or raw)
+    if dt.itemsize != item:
+        ratio = dt.itemsize // item
+        shape = shape[:-1] + (shape[-1] // ratio,)
+        strides = tuple(s // ratio for s in strides[:-1]) + (1,)
+        item = dt.itemsize
+    desc = dict(shape=shape, strides=tuple(s * item for s in strides), typestr=dt.str,
+                data=(ptr, False), version=3)
+    return cuda.from_cuda_array_interface(desc, owner=owner, sync=False)
+
+
+class _StreamHandle:
+    """A raw CUDA stream in the CUDA stream protocol, for CuPy's Stream.from_external."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def cupy_stream(ptr, device_id):
+    """A CuPy stream object for a raw handle (CuPy 14: from_external; CuPy 13: ExternalStream)."""
+    cp = _cupy()
+    if hasattr(cp.cuda.Stream, "from_external"):
+        with cp.cuda.Device(device_id):
+            return cp.cuda.Stream.from_external(_StreamHandle(ptr))
+    return cp.cuda.ExternalStream(ptr, device_id)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,13 +1,15 @@
-"""bf16 and e4m3 conversions on raw bits, written once for three runners.
+"""bf16 and e4m3 conversions on raw bits, and the per-runner primitives of the Numba kernels.
 
-The Numba simulator has no FP8 or bf16 types, so the row kernel works on integer bit
-patterns (uint16 bf16, uint8 e4m3). The same Python source below is
-- compiled by Numba for the GPU (bit casts through libdevice),
-- run by the Numba simulator (bit casts through numpy),
-- run on the host by the tests, which compare it exhaustively against torch.
-Only the two bit-cast primitives differ between runners: as_bits (f32 -> its uint32 pattern
-as an integer) and f32_from_bf16 (bf16 pattern -> f32).
+The Numba simulator has no FP8 or bf16 types, so the kernels keep bf16 as uint16 and e4m3 as
+uint8 bit patterns. The conversions below are written once in plain integer Python; they run
+on the host (where the tests compare them exhaustively against torch) and in the simulator.
+
+On the GPU the kernels get the same functions from `primitives()`, lowered to the hardware's
+own instructions (cvt.rn.bf16.f32, cvt.rn.satfinite.e4m3x2.f32, div.rn, sqrt.rn), which
+compute the same bits for every finite input; the GPU tests check the kernels bitwise against
+h3kernels.reference. NaN payloads may differ between runners (a NaN stays a NaN).
 """
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,74 +19,122 @@ E4M3_MIN_NORMAL_BITS = 0x3C800000  # 2**-6
 E4M3_REBIAS = 0x3C000000  # (127 - 7) << 23
 
 
-def _define(as_bits, f32_from_bf16, jit):
-    @jit
-    def bf16_from_f32(f):
-        u = as_bits(f)
-        if (u & 0x7FFFFFFF) > 0x7F800000:
-            return 0x7FC0
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-
-    @jit
-    def round_bf16(f):
-        """FP32 -> nearest bf16 value, as FP32."""
-        return f32_from_bf16(bf16_from_f32(f))
-
-    @jit
-    def e4m3_from_f32(f):
-        """cvt.rn.satfinite.e4m3: nearest even, |v| >= 448 (and inf) saturates to 448."""
-        u = as_bits(f)
-        sign = (u >> 24) & 0x80
-        a = u & 0x7FFFFFFF
-        if a > 0x7F800000:
-            return sign | 0x7F
-        if a >= E4M3_MAX_BITS:
-            return sign | 0x7E
-        if a >= E4M3_MIN_NORMAL_BITS:
-            v = a - E4M3_REBIAS
-            return sign | ((v + 0x7FFFF + ((v >> 20) & 1)) >> 20)
-        e = a >> 23
-        if e < 117:  # below half the smallest subnormal 2**-9 (f32 denormals included)
-            return sign
-        mant = (a & 0x7FFFFF) | 0x800000
-        shift = 141 - e  # value / 2**-9 == mant >> shift
-        q = mant >> shift
-        rem = mant & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and (q & 1) == 1):
-            q += 1
-        return sign | q
-
-    return SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
-                           round_bf16=round_bf16, e4m3_from_f32=e4m3_from_f32)
-
-
-def _py_as_bits(f):
+def f32_bits(f):
     return int(np.float32(f).view(np.uint32))
 
 
-def _py_f32_from_bf16(b):
-    return np.uint32(int(b) << 16).view(np.float32)
+def f32_from_bf16(b):
+    return np.uint32((int(b) & 0xFFFF) << 16).view(np.float32)
 
 
-host = _define(_py_as_bits, _py_f32_from_bf16, lambda fn: fn)
+def bf16_from_f32(f):
+    """FP32 -> bf16 bits, round to nearest even (NaN -> 0x7FC0)."""
+    u = f32_bits(f)
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FC0
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
 
 
-def device_functions():
-    """The same conversions as Numba CUDA device functions (or simulator functions)."""
-    from numba import cuda, int32
+def e4m3_from_f32(f):
+    """FP32 -> e4m3 bits as cvt.rn.satfinite.e4m3 does: nearest even, |v| >= 448 (inf too) -> 448."""
+    u = f32_bits(f)
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return sign | 0x7F
+    if a >= E4M3_MAX_BITS:
+        return sign | 0x7E
+    if a >= E4M3_MIN_NORMAL_BITS:
+        v = a - E4M3_REBIAS
+        return sign | ((v + 0x7FFFF + ((v >> 20) & 1)) >> 20)
+    e = a >> 23
+    if e < 117:  # below half the smallest subnormal 2**-9 (f32 denormals included)
+        return sign
+    mant = (a & 0x7FFFFF) | 0x800000
+    shift = 141 - e  # value / 2**-9 == mant / 2**shift
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    if rem > half or (rem == half and (q & 1) == 1):
+        q += 1
+    return sign | q
+
+
+def e4m3x2_from_f32(lo, hi):
+    return e4m3_from_f32(lo) | (e4m3_from_f32(hi) << 8)
+
+
+def div_rn(a, b):
+    return np.float32(np.float32(a) / np.float32(b))
+
+
+def sqrt_rn(a):
+    return np.float32(math.sqrt(np.float32(a)))  # double rounding of sqrt from f64 is exact
+
+
+host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
+                       e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
+                       div_rn=div_rn, sqrt_rn=sqrt_rn)
+
+
+def primitives():
+    """The conversions for Numba kernels: simulator functions, or GPU device functions."""
+    from numba import cuda
     from numba.cuda import config
 
     if config.ENABLE_CUDASIM:
-        return _define(_py_as_bits, _py_f32_from_bf16, cuda.jit(device=True))
+        jit = cuda.jit(device=True)
+        return SimpleNamespace(**{k: jit(v) for k, v in vars(host).items()})
+    return _gpu_primitives()
+
+
+def _gpu_primitives():
+    from llvmlite import ir
+    from numba import cuda, int32, types
     from numba.cuda import libdevice
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _cvt_bf16(typingctx, f):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]), "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+            return builder.call(asm, args)
+
+        return types.uint16(types.float32), codegen
+
+    @intrinsic
+    def _cvt_e4m3x2(typingctx, lo, hi):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(16), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
+            return builder.call(asm, [args[1], args[0]])  # the first source lands in the high byte
+
+        return types.uint16(types.float32, types.float32), codegen
 
     @cuda.jit(device=True)
-    def as_bits(f):
-        return libdevice.float_as_int(f) & 0xFFFFFFFF
-
-    @cuda.jit(device=True)
-    def f32_from_bf16(b):
+    def g_f32_from_bf16(b):
         return libdevice.int_as_float(int32(b) << 16)
 
-    return _define(as_bits, f32_from_bf16, cuda.jit(device=True))
+    @cuda.jit(device=True)
+    def g_bf16_from_f32(f):
+        return _cvt_bf16(f)
+
+    @cuda.jit(device=True)
+    def g_e4m3x2_from_f32(lo, hi):
+        return _cvt_e4m3x2(lo, hi)
+
+    @cuda.jit(device=True)
+    def g_e4m3_from_f32(f):
+        return _cvt_e4m3x2(f, f) & 0xFF
+
+    @cuda.jit(device=True)
+    def g_div_rn(a, b):
+        return libdevice.fdiv_rn(a, b)
+
+    @cuda.jit(device=True)
+    def g_sqrt_rn(a):
+        return libdevice.fsqrt_rn(a)
+
+    return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
+                           e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
+                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn)

@@ -47,10 +47,10 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     from . import mlp_fp8_row
 
     with call.active(), call.numba_device():
-        nb = call.numba
-        mlp_fp8_row.launch(nb(x), nb(x_norm_weight), call.numba_span(adaln_scale),
-                           call.numba_span(adaln_shift), dispatch.strides_elems(adaln_scale)[0],
-                           adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q), nb(a_scale),
+        nb, quads = call.numba, "uint64"  # bf16 quads; validation guarantees 8-byte alignment
+        mlp_fp8_row.launch(nb(x, quads), nb(x_norm_weight, quads), call.numba_span(adaln_scale, quads),
+                           call.numba_span(adaln_shift, quads), dispatch.strides_elems(adaln_scale)[0] // 4,
+                           adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale),
                            stream=call.numba_stream())
     return a_q, a_scale
 

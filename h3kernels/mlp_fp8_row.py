@@ -1,56 +1,67 @@
 """The MLP row kernel (Numba): RMSNorm + indexed AdaLN + per-token e4m3 quantization.
 
-One CTA per row. It works on raw bits (bf16 as uint16, e4m3 as uint8) and reduces through
-shared memory, so the same kernel runs under NUMBA_ENABLE_CUDASIM=1 (CI) and on the GPU.
-Every FP32 result is rounded explicitly (float32(...)) so that the simulator, which computes
-in float64, rounds exactly where the GPU does.
+One CTA of ROW_THREADS threads per row. Inputs and outputs are raw bits, four elements per
+access: bf16 quads as uint64, e4m3 quads as uint32. Reductions go through shared memory, so
+the same kernel runs under NUMBA_ENABLE_CUDASIM=1 (CI) and on the GPU. Every FP32 result is
+rounded explicitly (float32(...)) because the simulator computes in float64.
+
+The sum of squares is FP32 in a fixed order that h3kernels.reference reproduces: thread t
+adds the squares of quads t, t + T, t + 2T, ... (the four elements of a quad in order), then
+the T partials are halved pairwise down to 3, and the last three add as (p0 + p1) + p2.
 """
-import math
 import threading
 
 import numpy as np
 from numba import cuda, float32  # module level: the simulator swaps this global for its fake
 
-from .reference import ROW_THREADS
-from .shapes import E4M3_MAX, HIDDEN
+from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
-PER_THREAD = HIDDEN // ROW_THREADS
-assert PER_THREAD * ROW_THREADS == HIDDEN
+QUADS = HIDDEN // 4
+QUADS_PER_THREAD = QUADS // ROW_THREADS
+assert QUADS_PER_THREAD * ROW_THREADS == QUADS
 
 _lock = threading.Lock()
 _kernel = None
 
 
 def _build():
-    from .fp8_bits import device_functions
+    from .fp8_bits import primitives
 
-    bits = device_functions()
-    f32_from_bf16, round_bf16, e4m3_from_f32 = bits.f32_from_bf16, bits.round_bf16, bits.e4m3_from_f32
+    p = primitives()
+    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn = (
+        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn)
 
     @cuda.jit
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
+        """x: uint64 [M, 1344]; norm_w: uint64 [1344]; tables: flat uint64 from their base, row i at
+        i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
-        buf = cuda.shared.array(HIDDEN, float32)
+        buf = cuda.shared.array(HIDDEN, float32)  # element 4*q + k lives at buf[k * QUADS + q]
         red = cuda.shared.array(ROW_THREADS, float32)
 
         acc = float32(0.0)
-        for j in range(PER_THREAD):
-            c = t + j * ROW_THREADS
-            v = f32_from_bf16(x[row, c])
-            buf[c] = v
-            acc = float32(acc + float32(v * v))  # v*v is exact: v is bf16
+        for j in range(QUADS_PER_THREAD):
+            qd = t + j * ROW_THREADS
+            bits = x[row, qd]
+            for k in range(4):
+                v = f32_from_bf16((bits >> (16 * k)) & 0xFFFF)
+                buf[k * QUADS + qd] = v
+                acc = float32(acc + float32(v * v))  # v*v is exact: v is bf16
         red[t] = acc
         cuda.syncthreads()
         half = ROW_THREADS // 2
-        while half > 0:
+        while True:  # 192 -> 96 -> ... -> 3 partials
             if t < half:
                 red[t] = float32(red[t] + red[t + half])
             cuda.syncthreads()
+            if half % 2 == 1:
+                break
             half //= 2
-        mean_sq = float32(red[0] / float32(HIDDEN))
-        r = float32(float32(1.0) / float32(math.sqrt(float32(mean_sq + eps))))
-        cuda.syncthreads()  # red[0] is reused below
+        total = float32(float32(red[0] + red[1]) + red[2])
+        mean_sq = div_rn(total, float32(HIDDEN))
+        r = div_rn(float32(1.0), sqrt_rn(float32(mean_sq + eps)))
+        cuda.syncthreads()  # everyone has read red[0..2] before it is reused
 
         i = index[row]
         valid = i >= 0 and i < rows
@@ -58,30 +69,41 @@ def _build():
         if valid:
             base = i * tab_stride
         amax = float32(0.0)
-        for j in range(PER_THREAD):
-            c = t + j * ROW_THREADS
-            a = float32(0.0)
-            if valid:
-                n = round_bf16(float32(float32(buf[c] * r) * f32_from_bf16(norm_w[c])))
-                s = round_bf16(float32(float32(1.0) + f32_from_bf16(scale_tab[base + c])))
-                a = round_bf16(float32(float32(n * s) + f32_from_bf16(shift_tab[base + c])))
-            buf[c] = a
-            amax = max(amax, abs(a))
+        for j in range(QUADS_PER_THREAD):
+            qd = t + j * ROW_THREADS
+            wq = norm_w[qd]
+            sq = scale_tab[base + qd]
+            hq = shift_tab[base + qd]
+            for k in range(4):
+                a = float32(0.0)
+                if valid:
+                    sh = 16 * k
+                    n = f32_from_bf16(bf16_from_f32(float32(float32(buf[k * QUADS + qd] * r)
+                                                            * f32_from_bf16((wq >> sh) & 0xFFFF))))
+                    s = f32_from_bf16(bf16_from_f32(float32(float32(1.0) + f32_from_bf16((sq >> sh) & 0xFFFF))))
+                    # n * s is exact (two bf16 values), so a fused multiply-add rounds the same
+                    a = f32_from_bf16(bf16_from_f32(float32(float32(n * s) + f32_from_bf16((hq >> sh) & 0xFFFF))))
+                buf[k * QUADS + qd] = a
+                amax = max(amax, abs(a))
         red[t] = amax
         cuda.syncthreads()
         half = ROW_THREADS // 2
-        while half > 0:
+        while True:
             if t < half:
                 red[t] = max(red[t], red[t + half])
             cuda.syncthreads()
+            if half % 2 == 1:
+                break
             half //= 2
-        s_a = float32(red[0] / float32(E4M3_MAX))
-        for j in range(PER_THREAD):
-            c = t + j * ROW_THREADS
-            q = 0
+        s_a = div_rn(max(max(red[0], red[1]), red[2]), float32(E4M3_MAX))
+        for j in range(QUADS_PER_THREAD):
+            qd = t + j * ROW_THREADS
+            out = 0
             if s_a > float32(0.0):
-                q = e4m3_from_f32(float32(buf[c] / s_a))
-            a_q[row, c] = q
+                lo = e4m3x2(div_rn(buf[qd], s_a), div_rn(buf[QUADS + qd], s_a))
+                hi = e4m3x2(div_rn(buf[2 * QUADS + qd], s_a), div_rn(buf[3 * QUADS + qd], s_a))
+                out = lo | (hi << 16)
+            a_q[row, qd] = out
         if t == 0:
             a_scale[row] = s_a
 
@@ -96,20 +118,19 @@ def kernel():
         return _kernel
 
 
-def launch(x_bits, norm_w_bits, scale_flat, shift_flat, tab_stride, rows, index, eps, a_q_bits, a_scale,
-           stream=None):
-    """Runs the row kernel. Arrays: uint16 bf16 bits, int64 index, uint8 e4m3 bits, float32 scale.
+def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows, index, eps, a_q_quads,
+           a_scale, stream=None):
+    """Runs the row kernel on raw-bit quad views (see row_kernel's docstring).
 
-    The AdaLN tables arrive flat from their base element: row i starts at i * tab_stride, so
-    column chunks of a wider modulation projection need no copy.
-    Device arrays are anything Numba accepts (CAI objects imported without a sync), launched on
-    `stream` (a Numba stream); under the simulator they are numpy arrays.
+    Device arrays are anything Numba accepts, launched on `stream` (a Numba stream); under the
+    simulator they are numpy arrays.
     """
-    m = x_bits.shape[0]
+    m = x_quads.shape[0]
     if m == 0:
         return
     k = kernel()
-    args = (x_bits, norm_w_bits, scale_flat, shift_flat, np.int64(tab_stride), np.int64(rows), index, np.float32(eps), a_q_bits, a_scale)
+    args = (x_quads, norm_w_quads, scale_flat, shift_flat, np.int64(tab_stride_quads), np.int64(rows), index,
+            np.float32(eps), a_q_quads, a_scale)
     if stream is None:
         k[m, ROW_THREADS](*args)
     else:

@@ -27,6 +27,7 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     import cupy
     import numpy as np
 
+    from .dispatch import cupy_stream
     from .timing import median_ms
 
     with cupy.cuda.Device(device_id):
@@ -42,7 +43,7 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
 
         with torch.cuda.device(device_id):
             stream = torch.cuda.current_stream()
-            with cupy.cuda.ExternalStream(stream.cuda_stream, device_id):
+            with cupy_stream(stream.cuda_stream, device_id):
                 ms = median_ms(run, reps=reps)
     flops = blocks * (threads // 32) * iters * CHAINS * FLOP_PER_MMA
     return flops / (ms * 1e-3) / 1e12

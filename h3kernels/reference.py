@@ -3,19 +3,16 @@
 It is the oracle of every numeric test. It computes on whatever device its inputs live on,
 but it is written for clarity, not speed, and is validated on the CPU.
 
-Two places where the contract allows any order are pinned here to the kernels' order, so
-that stages the tests compare bitwise really are bitwise comparable:
-- the RMSNorm sum of squares follows the row kernel (ROW_THREADS strided partial sums,
-  then a halving tree);
-- nothing else is order dependent up to a_q / a_scale.
+Where the contract allows any summation order, the RMSNorm sum of squares follows the row
+kernel's (see sum_of_squares), so that a_q and a_scale compare bitwise. Nothing else before
+a_q depends on an order.
 """
 import math
 
 import torch
 
-from .shapes import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, fc1_row_order_numpy
+from .shapes import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, ROW_THREADS, fc1_row_order_numpy
 
-ROW_THREADS = 256  # threads of the row kernel; its reduction order is reproduced below
 F32 = torch.float32
 
 
@@ -68,17 +65,19 @@ def prepare_minimax_h3_fc2_weight_fp8(w2):
 
 
 def sum_of_squares(x):
-    """FP32 sum of x*x per row, in the row kernel's order."""
+    """FP32 sum of x*x per row, in the row kernel's order: thread t of T adds the squares of
+    element quads t, t + T, t + 2T, ... (each quad's four in order); the T partials are halved
+    pairwise (p[i] += p[i + half]) down to three, which add as (p0 + p1) + p2."""
     sq = x.to(F32) ** 2  # exact: x is bf16
-    cols = sq.shape[-1]
-    sq = sq.reshape(*sq.shape[:-1], cols // ROW_THREADS, ROW_THREADS)
-    part = torch.zeros_like(sq[..., 0, :])
-    for j in range(sq.shape[-2]):  # thread t adds columns t, t + T, t + 2T, ... in order
-        part = part + sq[..., j, :]
-    while part.shape[-1] > 1:  # shared-memory halving tree: p[t] += p[t + half]
+    sq = sq.reshape(sq.shape[0], -1, ROW_THREADS, 4)  # [rows, quad round j, thread t, k]
+    part = torch.zeros_like(sq[:, 0, :, 0])
+    for j in range(sq.shape[1]):
+        for k in range(4):
+            part = part + sq[:, j, :, k]
+    while part.shape[-1] > 3:
         half = part.shape[-1] // 2
         part = part[..., :half] + part[..., half:]
-    return part[..., 0]
+    return (part[..., 0] + part[..., 1]) + part[..., 2]
 
 
 def index_guard(adaln_index, rows):

@@ -10,6 +10,10 @@ H3_BLOCKS = 50
 MAX_M = 149796  # keeps M * FFN < 2**31
 E4M3_MAX = 448.0
 
+# Threads of the MLP row kernel's CTA. It fixes the RMSNorm summation order, which
+# h3kernels.reference reproduces so that a_q compares bitwise.
+ROW_THREADS = 192
+
 # FC1 weights are prepacked in groups of 16 rows: 8 gate rows, then the 8 up rows of the
 # same logical columns. Any FC1 tile whose width is a multiple of 16 therefore holds
 # matching gate/up pairs, and in an m16n8 mma tile pair (2j, 2j+1) one thread holds

@@ -24,7 +24,7 @@ def median_ms(fn, warmup=3, reps=20, setup=None):
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs(nbytes, device=None, reps=20):
+def copy_bandwidth_gbs(nbytes, device="cuda", reps=20):
     """GB/s of a torch device-to-device copy of `nbytes` (bytes read + bytes written, over time)."""
     import torch
 

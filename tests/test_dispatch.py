@@ -11,6 +11,10 @@ def cpu_args(m=4):
     return list(make_row_inputs(m, 3))
 
 
+def gpu_args(m=4):
+    return list(make_row_inputs(m, 3, device="cuda"))  # tables stay column chunks
+
+
 def test_cpu_tensors_are_refused_before_anything_runs():
     with pytest.raises(ValueError, match=r"^x: got a tensor on cpu; need a CUDA tensor"):
         h3kernels.minimax_h3_mlp_fp8_row_stage(*cpu_args())
@@ -27,7 +31,7 @@ def test_numpy_arrays_are_refused():
 def test_mixed_torch_and_cupy_is_a_type_error():
     import cupy
 
-    x, w, sc, sh, idx = (t.cuda() for t in cpu_args())
+    x, w, sc, sh, idx = gpu_args()
     with pytest.raises(TypeError, match="x_norm_weight: got a cupy array while x is a torch array"):
         h3kernels.minimax_h3_mlp_fp8_row_stage(x, cupy.asarray(w.view(torch.int16).cpu().numpy()), sc, sh, idx)
 
@@ -41,7 +45,7 @@ GPU_BAD = [
     ("adaln_scale", lambda a: a.float(), TypeError, "adaln_scale: got torch.float32"),
     ("adaln_scale", lambda a: a[:, :5000], ValueError, "adaln_scale: got shape (3, 5000)"),
     ("adaln_shift", lambda a: a[:2], ValueError, "adaln_shift: got 2 rows; need 3 rows"),
-    ("adaln_shift", lambda a: a.contiguous(), ValueError, "adaln_shift: got row stride 5376"),
+    ("adaln_shift", lambda a: a.contiguous(), ValueError, "adaln_shift: got row stride 5376; need adaln_scale's row stride 32256"),
     ("adaln_index", lambda a: a.int(), TypeError, "adaln_index: got torch.int32; need int64"),
     ("adaln_index", lambda a: a[:2], ValueError, "adaln_index: got shape (2,)"),
 ]
@@ -50,7 +54,7 @@ GPU_BAD = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,mutate,exc,msg", GPU_BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(GPU_BAD)])
 def test_bad_arguments_raise_before_launch_and_write_nothing(name, mutate, exc, msg):
-    x, w, sc, sh, idx = (t.cuda() for t in cpu_args())
+    x, w, sc, sh, idx = gpu_args()
     args = dict(x=x, x_norm_weight=w, adaln_scale=sc, adaln_shift=sh, adaln_index=idx)
     args[name] = mutate(args[name])
     a_q = torch.full((4, 5376), 0x7F, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
@@ -64,14 +68,14 @@ def test_bad_arguments_raise_before_launch_and_write_nothing(name, mutate, exc, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf")])
 def test_bad_eps(eps):
-    x, w, sc, sh, idx = (t.cuda() for t in cpu_args())
+    x, w, sc, sh, idx = gpu_args()
     with pytest.raises(ValueError, match="eps: got"):
         h3kernels.minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx, eps=eps)
 
 
 @pytest.mark.gpu
 def test_misaligned_table_base_is_refused():
-    x, w, sc, sh, idx = (t.cuda() for t in cpu_args())
+    x, w, sc, sh, idx = gpu_args()
     wide = torch.zeros(3, 5376 + 8, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="adaln_scale: got base address"):
         h3kernels.minimax_h3_mlp_fp8_row_stage(x, w, wide[:, 1:5377], wide[:, 1:5377], idx)
