@@ -69,6 +69,12 @@ def main():
           f"{nbytes / 1e6:.0f} MB: {copy_ms:.4f} ms = {copy_gbs:.0f} GB/s; ratio {gbs / copy_gbs:.2f}")
     print(f"  full call: {call_ms:.4f} ms (events), {wall_ms:.4f} ms wall per call over 50 calls; "
           f"torch eager row stage {eager:.3f} ms")
+    try:
+        res["regs_per_thread"] = kernel.get_regs_per_thread()
+        res["shared_bytes"] = kernel.get_shared_mem_per_block()
+        print(f"  kernel resources: {res['regs_per_thread']} registers/thread, {res['shared_bytes']} B shared")
+    except Exception as err:  # resource queries differ between numba-cuda versions
+        print("  kernel resources: n/a", err)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -13,3 +13,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 H3KERNELS_C
 timeout 420 python3 -m pytest -q -rs "${@:-tests}" 2>&1 | tee "$OUT/pytest.log" | tail -40
 timeout 120 python3 bench/bench_row.py --json "$OUT/bench_row.json" 2>&1 | tee "$OUT/bench_row.log"
 timeout 120 python3 -m h3kernels demo 2>&1 | tee "$OUT/demo.log"
+timeout 200 python3 bench/debug_row_mismatch.py "$OUT/mismatch.pt" 2>&1 | tee "$OUT/mismatch.log"

@@ -12,7 +12,7 @@ the T partials are halved pairwise down to 3, and the last three add as (p0 + p1
 import threading
 
 import numpy as np
-from numba import cuda, float32  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint64  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
@@ -40,10 +40,13 @@ def _build():
         buf = cuda.shared.array(HIDDEN, float32)  # element 4*q + k lives at buf[k * QUADS + q]
         red = cuda.shared.array(ROW_THREADS, float32)
 
+        xq = cuda.local.array(QUADS_PER_THREAD, uint64)
+        for j in range(QUADS_PER_THREAD):  # all loads first: QUADS_PER_THREAD in flight per thread
+            xq[j] = x[row, t + j * ROW_THREADS]
         acc = float32(0.0)
         for j in range(QUADS_PER_THREAD):
             qd = t + j * ROW_THREADS
-            bits = x[row, qd]
+            bits = xq[j]
             for k in range(4):
                 v = f32_from_bf16((bits >> (16 * k)) & 0xFFFF)
                 buf[k * QUADS + qd] = v
