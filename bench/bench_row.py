@@ -14,6 +14,7 @@ import torch
 
 from h3kernels import dispatch, minimax_h3_mlp_fp8_row_stage, mlp_fp8_row, reference as R
 from h3kernels.demo import make_row_inputs
+from h3kernels.mlp_fp8 import row_stage_launch_args
 from h3kernels.timing import copy_bandwidth_gbs, median_ms
 
 BATCH = 10
@@ -33,10 +34,7 @@ def main():
     prepared = []
     for x, w, sc, sh, idx in sets:
         call = dispatch.Call(dict(x=x, w=w, sc=sc, sh=sh, idx=idx, a_q=a_q, a_s=a_s))
-        with call.active():
-            nb = call.numba
-            prepared.append((nb(x), nb(w), call.numba_span(sc), call.numba_span(sh), sc.stride(0), sc.shape[0],
-                             nb(idx), 1e-5, nb(a_q), nb(a_s)))
+        prepared.append(row_stage_launch_args(call, x, w, sc, sh, idx, 1e-5, a_q, a_s))
     stream = call.numba_stream()
     cur = {}
 
@@ -70,8 +68,9 @@ def main():
     print(f"  full call: {call_ms:.4f} ms (events), {wall_ms:.4f} ms wall per call over 50 calls; "
           f"torch eager row stage {eager:.3f} ms")
     try:
-        res["regs_per_thread"] = kernel.get_regs_per_thread()
-        res["shared_bytes"] = kernel.get_shared_mem_per_block()
+        last = lambda v: list(v.values())[-1] if isinstance(v, dict) else v
+        res["regs_per_thread"] = last(kernel.get_regs_per_thread())
+        res["shared_bytes"] = last(kernel.get_shared_mem_per_block())
         print(f"  kernel resources: {res['regs_per_thread']} registers/thread, {res['shared_bytes']} B shared")
     except Exception as err:  # resource queries differ between numba-cuda versions
         print("  kernel resources: n/a", err)

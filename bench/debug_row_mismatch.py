@@ -17,7 +17,7 @@ for seed in range(12):
     if len(bad):
         r = int(bad[0, 0])
         i = int(cpu[4][r])
-        torch.save(dict(x=cpu[0][r], w=cpu[1], sc=cpu[2][i], sh=cpu[3][i], got=a_q[r].cpu().view(torch.uint8),
-                        want=q[r].view(torch.uint8), got_s=a_s[r].cpu(), want_s=s[r], cols=bad[:, 1][bad[:, 0] == r]),
-                   sys.argv[1])
+        keep = dict(x=cpu[0][r], w=cpu[1], sc=cpu[2][i], sh=cpu[3][i], got=a_q[r].cpu().view(torch.uint8),
+                    want=q[r].view(torch.uint8), got_s=a_s[r].cpu(), want_s=s[r], cols=bad[:, 1][bad[:, 0] == r])
+        torch.save({k: v.clone() for k, v in keep.items()}, sys.argv[1])
         break

@@ -47,10 +47,14 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     from . import mlp_fp8_row
 
     with call.active(), call.numba_device():
-        nb, quads = call.numba, "uint64"  # bf16 quads; validation guarantees 8-byte alignment
-        mlp_fp8_row.launch(nb(x, quads), nb(x_norm_weight, quads), call.numba_span(adaln_scale, quads),
-                           call.numba_span(adaln_shift, quads), dispatch.strides_elems(adaln_scale)[0] // 4,
-                           adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale),
-                           stream=call.numba_stream())
+        args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
+        mlp_fp8_row.launch(*args, stream=call.numba_stream())
     return a_q, a_scale
 
+
+def row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
+    """The row kernel's arguments: raw-bit quad views (validation guarantees their alignment)."""
+    nb, quads = call.numba, "uint64"
+    return (nb(x, quads), nb(x_norm_weight, quads), call.numba_span(adaln_scale, quads),
+            call.numba_span(adaln_shift, quads), dispatch.strides_elems(adaln_scale)[0] // 4,
+            adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale))
