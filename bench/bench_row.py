@@ -24,6 +24,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=16384)
     p.add_argument("--json")
+    p.add_argument("--sass", help="write the kernel's SASS here")
     a = p.parse_args()
     m = a.rows
     sets = [make_row_inputs(m, device="cuda", seed=s) for s in range(3)]  # rotated: 3 x 176 MB >> L2
@@ -74,6 +75,13 @@ def main():
         print(f"  kernel resources: {res['regs_per_thread']} registers/thread, {res['shared_bytes']} B shared")
     except Exception as err:  # resource queries differ between numba-cuda versions
         print("  kernel resources: n/a", err)
+    if a.sass:
+        try:
+            sass = list(kernel.inspect_sass().values())[-1] if isinstance(kernel.inspect_sass(), dict) else kernel.inspect_sass()
+            with open(a.sass, "w") as f:
+                f.write(sass)
+        except Exception as err:
+            print("  SASS: n/a", err)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

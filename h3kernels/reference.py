@@ -80,6 +80,13 @@ def sum_of_squares(x):
     return (part[..., 0] + part[..., 1]) + part[..., 2]
 
 
+def rms_scale(x, eps):
+    """r = 1 / sqrt(sum(x*x) / 5376 + eps), each operation correctly rounded in FP32."""
+    v = sum_of_squares(x) / HIDDEN + torch.tensor(eps, dtype=F32)
+    root = torch.sqrt(v.double()).to(F32)  # torch's FP32 sqrt is not correctly rounded on every CPU
+    return torch.ones_like(root) / root
+
+
 def index_guard(adaln_index, rows):
     idx = adaln_index.to(torch.int64)
     valid = (idx >= 0) & (idx < rows)
@@ -90,8 +97,7 @@ def mlp_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps=1
     """Returns a (bf16 [M, 5376]) before quantization."""
     rows = adaln_scale.shape[0]
     idx, valid = index_guard(adaln_index, rows)
-    ss = sum_of_squares(x)
-    r = 1.0 / torch.sqrt(ss / HIDDEN + torch.tensor(eps, dtype=F32))
+    r = rms_scale(x, eps)
     n = bf16((x.to(F32) * r[:, None]) * x_norm_weight.to(F32))
     t = bf16(1.0 + adaln_scale[idx].to(F32))
     a = bf16(n.to(F32) * t.to(F32) + adaln_shift[idx].to(F32))

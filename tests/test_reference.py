@@ -1,6 +1,7 @@
 """h3kernels.reference against the contract's definitions and against unquantized math."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,6 +79,13 @@ def test_sum_of_squares_is_an_fp32_sum():
     exact = (x.double() ** 2).sum(dim=1)
     assert ss.dtype == torch.float32
     assert ((ss.double() - exact).abs() / exact).max() < 1e-6
+
+
+def test_rms_scale_is_correctly_rounded_fp32():
+    x = (torch.randn(4096, HIDDEN) * torch.rand(4096, 1) * 10).bfloat16()
+    ss = R.sum_of_squares(x).numpy()
+    want = np.float32(1) / np.sqrt(ss / np.float32(HIDDEN) + np.float32(1e-5))  # IEEE ops in numpy
+    assert np.array_equal(R.rms_scale(x, 1e-5).numpy(), want)
 
 
 def test_row_stage_follows_the_contract_elementwise():
