@@ -1,7 +1,8 @@
 """The MLP row kernel (Numba): RMSNorm + indexed AdaLN + per-token e4m3 quantization.
 
 One CTA of ROW_THREADS threads per row. Inputs and outputs are raw bits, four elements per
-access: bf16 quads as uint64, e4m3 quads as uint32. Reductions go through shared memory, so
+access: bf16 quads as uint64, e4m3 quads as uint32. Each thread keeps its quads of x, then of
+a, in registers; only the reductions go through shared memory, so
 the same kernel runs under NUMBA_ENABLE_CUDASIM=1 (CI) and on the GPU. Every FP32 result is
 rounded explicitly (float32(...)) because the simulator computes in float64.
 
@@ -37,19 +38,14 @@ def _build():
         i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
-        buf = cuda.shared.array(HIDDEN, float32)  # element 4*q + k lives at buf[k * QUADS + q]
         red = cuda.shared.array(ROW_THREADS, float32)
-
-        xq = cuda.local.array(QUADS_PER_THREAD, uint64)
+        xq = cuda.local.array(QUADS_PER_THREAD, uint64)  # x, then a, as bf16 quads in registers
         for j in range(QUADS_PER_THREAD):  # all loads first: QUADS_PER_THREAD in flight per thread
             xq[j] = x[row, t + j * ROW_THREADS]
         acc = float32(0.0)
         for j in range(QUADS_PER_THREAD):
-            qd = t + j * ROW_THREADS
-            bits = xq[j]
             for k in range(4):
-                v = f32_from_bf16((bits >> (16 * k)) & 0xFFFF)
-                buf[k * QUADS + qd] = v
+                v = f32_from_bf16((xq[j] >> (16 * k)) & 0xFFFF)
                 acc = float32(acc + float32(v * v))  # v*v is exact: v is bf16
         red[t] = acc
         cuda.syncthreads()
@@ -68,26 +64,25 @@ def _build():
 
         i = index[row]
         valid = i >= 0 and i < rows
-        base = 0
+        amax = float32(0.0)
         if valid:
             base = i * tab_stride
-        amax = float32(0.0)
-        for j in range(QUADS_PER_THREAD):
-            qd = t + j * ROW_THREADS
-            wq = norm_w[qd]
-            sq = scale_tab[base + qd]
-            hq = shift_tab[base + qd]
-            for k in range(4):
-                a = float32(0.0)
-                if valid:
+            for j in range(QUADS_PER_THREAD):
+                qd = t + j * ROW_THREADS
+                wq = norm_w[qd]
+                sq = scale_tab[base + qd]
+                hq = shift_tab[base + qd]
+                packed = uint64(0)
+                for k in range(4):
                     sh = 16 * k
-                    n = f32_from_bf16(bf16_from_f32(float32(float32(buf[k * QUADS + qd] * r)
+                    n = f32_from_bf16(bf16_from_f32(float32(float32(f32_from_bf16((xq[j] >> sh) & 0xFFFF) * r)
                                                             * f32_from_bf16((wq >> sh) & 0xFFFF))))
                     s = f32_from_bf16(bf16_from_f32(float32(float32(1.0) + f32_from_bf16((sq >> sh) & 0xFFFF))))
                     # n * s is exact (two bf16 values), so a fused multiply-add rounds the same
-                    a = f32_from_bf16(bf16_from_f32(float32(float32(n * s) + f32_from_bf16((hq >> sh) & 0xFFFF))))
-                buf[k * QUADS + qd] = a
-                amax = max(amax, abs(a))
+                    a_bits = bf16_from_f32(float32(float32(n * s) + f32_from_bf16((hq >> sh) & 0xFFFF)))
+                    amax = max(amax, abs(f32_from_bf16(a_bits)))
+                    packed |= uint64(a_bits) << uint64(sh)
+                xq[j] = packed
         red[t] = amax
         cuda.syncthreads()
         half = ROW_THREADS // 2
@@ -100,13 +95,13 @@ def _build():
             half //= 2
         s_a = div_rn(max(max(red[0], red[1]), red[2]), float32(E4M3_MAX))
         for j in range(QUADS_PER_THREAD):
-            qd = t + j * ROW_THREADS
             out = 0
-            if s_a > float32(0.0):
-                lo = e4m3x2(div_rn(buf[qd], s_a), div_rn(buf[QUADS + qd], s_a))
-                hi = e4m3x2(div_rn(buf[2 * QUADS + qd], s_a), div_rn(buf[3 * QUADS + qd], s_a))
+            if valid and s_a > float32(0.0):
+                aq = xq[j]
+                lo = e4m3x2(div_rn(f32_from_bf16(aq & 0xFFFF), s_a), div_rn(f32_from_bf16((aq >> 16) & 0xFFFF), s_a))
+                hi = e4m3x2(div_rn(f32_from_bf16((aq >> 32) & 0xFFFF), s_a), div_rn(f32_from_bf16(aq >> 48), s_a))
                 out = lo | (hi << 16)
-            a_q[row, qd] = out
+            a_q[row, t + j * ROW_THREADS] = out
         if t == 0:
             a_scale[row] = s_a
 
