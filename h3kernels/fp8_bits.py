@@ -68,13 +68,18 @@ def div_rn(a, b):
     return np.float32(np.float32(a) / np.float32(b))
 
 
+def quotient_for_e4m3(a, s, inv):
+    """RN(a / s), or any FP32 value that converts to the same e4m3 code (inv = RN(1 / s))."""
+    return div_rn(a, s)
+
+
 def sqrt_rn(a):
     return np.float32(math.sqrt(np.float32(a)))  # double rounding of sqrt from f64 is exact
 
 
 host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
-                       div_rn=div_rn, sqrt_rn=sqrt_rn)
+                       div_rn=div_rn, sqrt_rn=sqrt_rn, quotient_for_e4m3=quotient_for_e4m3)
 
 
 def primitives():
@@ -90,7 +95,7 @@ def primitives():
 
 def _gpu_primitives():
     from llvmlite import ir
-    from numba import cuda, int32, types
+    from numba import cuda, float32, int32, types
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
@@ -145,6 +150,18 @@ def _gpu_primitives():
     def g_sqrt_rn(a):
         return libdevice.fsqrt_rn(a)
 
+    @cuda.jit(device=True)
+    def g_quotient_for_e4m3(a, s, inv):
+        # a * RN(1/s) is within 3 ulps of RN(a/s). e4m3 rounds a normal value on its low 20
+        # mantissa bits, with the midpoint at 0x80000; unless the product lies within 4 ulps of
+        # it (or below 2**-6, e4m3's subnormals), both round to the same code. Else divide.
+        q = float32(a * inv)
+        u = libdevice.float_as_int(q) & 0x7FFFFFFF
+        d = (u & 0xFFFFF) - 0x80000
+        if u < 0x3C800000 or (d <= 4 and d >= -4):
+            q = libdevice.fdiv_rn(a, s)
+        return q
+
     return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
-                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn)
+                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, quotient_for_e4m3=g_quotient_for_e4m3)

@@ -29,8 +29,8 @@ def _build():
     from .fp8_bits import primitives
 
     p = primitives()
-    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn = (
-        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn)
+    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, quot = (
+        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.quotient_for_e4m3)
 
     @cuda.jit
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
@@ -94,12 +94,15 @@ def _build():
                 break
             half //= 2
         s_a = div_rn(max(max(red[0], red[1]), red[2]), float32(E4M3_MAX))
+        inv = float32(0.0)
+        if s_a > float32(0.0):
+            inv = div_rn(float32(1.0), s_a)
         for j in range(QUADS_PER_THREAD):
             out = 0
             if valid and s_a > float32(0.0):
                 aq = xq[j]
-                lo = e4m3x2(div_rn(f32_from_bf16(aq & 0xFFFF), s_a), div_rn(f32_from_bf16((aq >> 16) & 0xFFFF), s_a))
-                hi = e4m3x2(div_rn(f32_from_bf16((aq >> 32) & 0xFFFF), s_a), div_rn(f32_from_bf16(aq >> 48), s_a))
+                lo = e4m3x2(quot(f32_from_bf16(aq & 0xFFFF), s_a, inv), quot(f32_from_bf16((aq >> 16) & 0xFFFF), s_a, inv))
+                hi = e4m3x2(quot(f32_from_bf16((aq >> 32) & 0xFFFF), s_a, inv), quot(f32_from_bf16(aq >> 48), s_a, inv))
                 out = lo | (hi << 16)
             a_q[row, t + j * ROW_THREADS] = out
         if t == 0:
