@@ -46,25 +46,12 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const u32 (&a)[4],
 #endif
 }
 
-// Two FP32 values -> two e4m3 bytes (lo in bits 0..7), as the hardware converts them.
-__device__ __forceinline__ u16 e4m3x2_from_f32_hw(float lo, float hi) {
+// Two FP32 values -> two e4m3 bytes (lo in bits 0..7), RNE with saturation to +-448
+// (contract.md's e4m3()). tests/test_fp8_convert.py checks it next to every midpoint.
+__device__ __forceinline__ u16 e4m3x2_from_f32(float lo, float hi) {
   u16 r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
-}
-
-// Rounds f to 10 mantissa bits with round-to-odd (truncate, and set the last kept bit if
-// anything was dropped). A value so prepared is exact at half precision, so a conversion that
-// passes through half precision cannot round twice, and rounding it on to e4m3's 3 bits is
-// the correctly rounded result of the original value.
-__device__ __forceinline__ float round_to_odd_10(float f) {
-  u32 u = __float_as_uint(f);
-  return __uint_as_float((u & 0x1FFFu) ? ((u & ~0x1FFFu) | 0x2000u) : u);
-}
-
-// Two FP32 values -> two e4m3 bytes, RNE with saturation to +-448 (contract.md's e4m3()).
-__device__ __forceinline__ u16 e4m3x2_from_f32(float lo, float hi) {
-  return e4m3x2_from_f32_hw(round_to_odd_10(lo), round_to_odd_10(hi));
 }
 
 __device__ __forceinline__ float f32_from_bf16(u16 b) { return __uint_as_float(((u32)b) << 16); }

@@ -97,9 +97,10 @@ def _build():
         inv = float32(0.0)
         if s_a > float32(0.0):
             inv = div_rn(float32(1.0), s_a)
+        live = valid and s_a > float32(0.0)
         for j in range(QUADS_PER_THREAD):
             out = 0
-            if valid and s_a > float32(0.0):
+            if live:
                 aq = xq[j]
                 lo = e4m3x2(quot(f32_from_bf16(aq & 0xFFFF), s_a, inv), quot(f32_from_bf16((aq >> 16) & 0xFFFF), s_a, inv))
                 hi = e4m3x2(quot(f32_from_bf16((aq >> 32) & 0xFFFF), s_a, inv), quot(f32_from_bf16(aq >> 48), s_a, inv))
