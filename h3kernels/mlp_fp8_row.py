@@ -36,12 +36,13 @@ def _build():
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
         """x: uint64 [M, 1344]; norm_w: uint64 [1344]; tables: flat uint64 from their base, row i at
         i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
-        row = cuda.blockIdx.x
-        t = cuda.threadIdx.x
+        # Unsigned indices throughout: Numba adds a negative-index wraparound to every signed one.
+        row = uint64(cuda.blockIdx.x)
+        t = uint64(cuda.threadIdx.x)
         red = cuda.shared.array(ROW_THREADS, float32)
         xq = cuda.local.array(QUADS_PER_THREAD, uint64)  # x, then a, as bf16 quads in registers
         for j in range(QUADS_PER_THREAD):  # all loads first: QUADS_PER_THREAD in flight per thread
-            xq[j] = x[row, t + j * ROW_THREADS]
+            xq[j] = x[row, t + uint64(j * ROW_THREADS)]
         acc = float32(0.0)
         for j in range(QUADS_PER_THREAD):
             for k in range(4):
@@ -49,14 +50,14 @@ def _build():
                 acc = float32(acc + float32(v * v))  # v*v is exact: v is bf16
         red[t] = acc
         cuda.syncthreads()
-        half = ROW_THREADS // 2
+        half = uint64(ROW_THREADS // 2)
         while True:  # 192 -> 96 -> ... -> 3 partials
             if t < half:
                 red[t] = float32(red[t] + red[t + half])
             cuda.syncthreads()
-            if half % 2 == 1:
+            if half % uint64(2) == uint64(1):
                 break
-            half //= 2
+            half //= uint64(2)
         total = float32(float32(red[0] + red[1]) + red[2])
         mean_sq = div_rn(total, float32(HIDDEN))
         r = div_rn(float32(1.0), sqrt_rn(float32(mean_sq + eps)))
@@ -66,9 +67,9 @@ def _build():
         valid = i >= 0 and i < rows
         amax = float32(0.0)
         if valid:
-            base = i * tab_stride
+            base = uint64(i) * uint64(tab_stride)
             for j in range(QUADS_PER_THREAD):
-                qd = t + j * ROW_THREADS
+                qd = t + uint64(j * ROW_THREADS)
                 wq = norm_w[qd]
                 sq = scale_tab[base + qd]
                 hq = shift_tab[base + qd]
@@ -85,14 +86,14 @@ def _build():
                 xq[j] = packed
         red[t] = amax
         cuda.syncthreads()
-        half = ROW_THREADS // 2
+        half = uint64(ROW_THREADS // 2)
         while True:
             if t < half:
                 red[t] = max(red[t], red[t + half])
             cuda.syncthreads()
-            if half % 2 == 1:
+            if half % uint64(2) == uint64(1):
                 break
-            half //= 2
+            half //= uint64(2)
         s_a = div_rn(max(max(red[0], red[1]), red[2]), float32(E4M3_MAX))
         inv = float32(0.0)
         if s_a > float32(0.0):
@@ -105,8 +106,8 @@ def _build():
                 lo = e4m3x2(quot(f32_from_bf16(aq & 0xFFFF), s_a, inv), quot(f32_from_bf16((aq >> 16) & 0xFFFF), s_a, inv))
                 hi = e4m3x2(quot(f32_from_bf16((aq >> 32) & 0xFFFF), s_a, inv), quot(f32_from_bf16(aq >> 48), s_a, inv))
                 out = lo | (hi << 16)
-            a_q[row, t + j * ROW_THREADS] = out
-        if t == 0:
+            a_q[row, t + uint64(j * ROW_THREADS)] = out
+        if t == uint64(0):
             a_scale[row] = s_a
 
     return row_kernel
