@@ -13,7 +13,7 @@ the T partials are halved pairwise down to 3, and the last three add as (p0 + p1
 import threading
 
 import numpy as np
-from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint64  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
@@ -25,14 +25,15 @@ _lock = threading.Lock()
 _kernel = None
 
 
-def _build():
+def _build(**jit_options):
+    """Compiles the kernel; jit_options go to cuda.jit (benchmarks try max_registers)."""
     from .fp8_bits import primitives
 
     p = primitives()
-    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, near_e4m3_midpoint = (
-        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.near_e4m3_midpoint)
+    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, quot = (
+        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.quotient_for_e4m3)
 
-    @cuda.jit
+    @cuda.jit(**jit_options)
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
         """x: uint64 [M, 1344]; norm_w: uint64 [1344]; tables: flat uint64 from their base, row i at
         i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
@@ -95,33 +96,18 @@ def _build():
                 break
             half //= uint64(2)
         s_a = div_rn(max(max(red[0], red[1]), red[2]), float32(E4M3_MAX))
-        # e4m3(RN(a / s_a)) without a division per element: a * RN(1/s_a) is within 3 ulps of
-        # RN(a / s_a), and e4m3 rounds a normal value on its low 20 mantissa bits around 0x80000.
-        # If no product of this thread lies within 4 ulps of such a midpoint (or below 2**-6,
-        # e4m3's subnormals), every code is already right; else the thread divides exactly.
-        live = valid and s_a > float32(0.0)
         inv = float32(0.0)
-        if live:
+        if s_a > float32(0.0):
             inv = div_rn(float32(1.0), s_a)
-        out = cuda.local.array(QUADS_PER_THREAD, uint32)
-        unsure = False
+        live = valid and s_a > float32(0.0)
         for j in range(QUADS_PER_THREAD):
-            aq = xq[j]
-            q0 = float32(f32_from_bf16(aq & 0xFFFF) * inv)
-            q1 = float32(f32_from_bf16((aq >> 16) & 0xFFFF) * inv)
-            q2 = float32(f32_from_bf16((aq >> 32) & 0xFFFF) * inv)
-            q3 = float32(f32_from_bf16(aq >> 48) * inv)
-            unsure = unsure or near_e4m3_midpoint(q0) or near_e4m3_midpoint(q1) \
-                or near_e4m3_midpoint(q2) or near_e4m3_midpoint(q3)
-            out[j] = e4m3x2(q0, q1) | (uint32(e4m3x2(q2, q3)) << uint32(16))
-        if live and unsure:
-            for j in range(QUADS_PER_THREAD):
+            out = 0
+            if live:
                 aq = xq[j]
-                lo = e4m3x2(div_rn(f32_from_bf16(aq & 0xFFFF), s_a), div_rn(f32_from_bf16((aq >> 16) & 0xFFFF), s_a))
-                hi = e4m3x2(div_rn(f32_from_bf16((aq >> 32) & 0xFFFF), s_a), div_rn(f32_from_bf16(aq >> 48), s_a))
-                out[j] = lo | (uint32(hi) << uint32(16))
-        for j in range(QUADS_PER_THREAD):
-            a_q[row, t + uint64(j * ROW_THREADS)] = out[j] if live else uint32(0)
+                lo = e4m3x2(quot(f32_from_bf16(aq & 0xFFFF), s_a, inv), quot(f32_from_bf16((aq >> 16) & 0xFFFF), s_a, inv))
+                hi = e4m3x2(quot(f32_from_bf16((aq >> 32) & 0xFFFF), s_a, inv), quot(f32_from_bf16(aq >> 48), s_a, inv))
+                out = lo | (hi << 16)
+            a_q[row, t + uint64(j * ROW_THREADS)] = out
         if t == uint64(0):
             a_scale[row] = s_a
 
@@ -137,7 +123,7 @@ def kernel():
 
 
 def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows, index, eps, a_q_quads,
-           a_scale, stream=None):
+           a_scale, stream=None, compiled=None):
     """Runs the row kernel on raw-bit quad views (see row_kernel's docstring).
 
     Device arrays are anything Numba accepts, launched on `stream` (a Numba stream); under the
@@ -146,7 +132,7 @@ def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows
     m = x_quads.shape[0]
     if m == 0:
         return
-    k = kernel()
+    k = compiled or kernel()
     args = (x_quads, norm_w_quads, scale_flat, shift_flat, np.int64(tab_stride_quads), np.int64(rows), index,
             np.float32(eps), a_q_quads, a_scale)
     if stream is None:
