@@ -25,15 +25,14 @@ _lock = threading.Lock()
 _kernel = None
 
 
-def _build(**jit_options):
-    """Compiles the kernel; jit_options go to cuda.jit (benchmarks try max_registers)."""
+def _build():
     from .fp8_bits import primitives
 
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, quot = (
         p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.quotient_for_e4m3)
 
-    @cuda.jit(**jit_options)
+    @cuda.jit
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
         """x: uint64 [M, 1344]; norm_w: uint64 [1344]; tables: flat uint64 from their base, row i at
         i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
@@ -123,7 +122,7 @@ def kernel():
 
 
 def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows, index, eps, a_q_quads,
-           a_scale, stream=None, compiled=None):
+           a_scale, stream=None):
     """Runs the row kernel on raw-bit quad views (see row_kernel's docstring).
 
     Device arrays are anything Numba accepts, launched on `stream` (a Numba stream); under the
@@ -132,7 +131,7 @@ def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows
     m = x_quads.shape[0]
     if m == 0:
         return
-    k = compiled or kernel()
+    k = kernel()
     args = (x_quads, norm_w_quads, scale_flat, shift_flat, np.int64(tab_stride_quads), np.int64(rows), index,
             np.float32(eps), a_q_quads, a_scale)
     if stream is None:
