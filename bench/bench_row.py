@@ -12,12 +12,9 @@ import time
 
 import torch
 
-from h3kernels import dispatch, minimax_h3_mlp_fp8_row_stage, mlp_fp8_row, reference as R
+from h3kernels import minimax_h3_mlp_fp8_row_stage, mlp_fp8_row, reference as R
 from h3kernels.demo import make_row_inputs
-from h3kernels.mlp_fp8 import row_stage_launch_args
-from h3kernels.timing import copy_bandwidth_gbs, median_ms
-
-BATCH = 10
+from h3kernels.timing import copy_bandwidth_gbs, median_ms, row_stage_kernel_ms
 
 
 def main():
@@ -32,20 +29,8 @@ def main():
     a_s = torch.empty(m, device="cuda")
 
     kernel = mlp_fp8_row.kernel()
-    prepared = []
-    for x, w, sc, sh, idx in sets:
-        call = dispatch.Call(dict(x=x, w=w, sc=sc, sh=sh, idx=idx, a_q=a_q, a_s=a_s))
-        prepared.append(row_stage_launch_args(call, x, w, sc, sh, idx, 1e-5, a_q, a_s))
-    stream = call.numba_stream()
+    kernel_ms = row_stage_kernel_ms(sets, a_q, a_s)
     cur = {}
-
-    def launches():
-        for i in range(BATCH):
-            mlp_fp8_row.launch(*prepared[i % len(prepared)], stream=stream)
-
-    with call.numba_device():
-        launches()
-        kernel_ms = median_ms(launches, warmup=2, reps=20) / BATCH
 
     setup = lambda i: cur.update(args=sets[i % len(sets)])
     call_ms = median_ms(lambda: minimax_h3_mlp_fp8_row_stage(*cur["args"], workspace_a_q=a_q, workspace_a_scale=a_s),

@@ -69,9 +69,11 @@ def div_rn(a, b):
     return np.float32(np.float32(a) / np.float32(b))
 
 
-def quotient_for_e4m3(a, s, inv):
-    """RN(a / s), or any FP32 value that converts to the same e4m3 code (inv = RN(1 / s))."""
-    return div_rn(a, s)
+def near_e4m3_midpoint(q):
+    """True where an FP32 value within 3 ulps of q could convert to another e4m3 code than q:
+    q lies within 4 ulps of an e4m3 midpoint (low 20 mantissa bits near 0x80000), or below
+    2**-6, where e4m3 is subnormal and its midpoints sit elsewhere."""
+    return (((f32_bits(q) - 0x7FFFC) & 0xFFFFF) <= 8) | (abs(q) < np.float32(0.015625))
 
 
 def sqrt_rn(a):
@@ -80,7 +82,7 @@ def sqrt_rn(a):
 
 host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
-                       div_rn=div_rn, sqrt_rn=sqrt_rn, quotient_for_e4m3=quotient_for_e4m3)
+                       div_rn=div_rn, sqrt_rn=sqrt_rn, near_e4m3_midpoint=near_e4m3_midpoint)
 
 
 def primitives():
@@ -142,16 +144,9 @@ def _gpu_primitives():
         return libdevice.fsqrt_rn(a)
 
     @cuda.jit(device=True)
-    def g_quotient_for_e4m3(a, s, inv):
-        # a * RN(1/s) is within 3 ulps of RN(a/s). e4m3 rounds a normal value on its low 20
-        # mantissa bits, with the midpoint at 0x80000; unless the product lies within 4 ulps of
-        # it (or below 2**-6, e4m3's subnormals), both round to the same code. Else divide.
-        q = float32(a * inv)
-        near_midpoint = ((libdevice.float_as_int(q) - 0x7FFFC) & 0xFFFFF) <= 8
-        if near_midpoint or abs(q) < float32(0.015625):
-            q = libdevice.fdiv_rn(a, s)
-        return q
+    def g_near_e4m3_midpoint(q):
+        return (((libdevice.float_as_int(q) - 0x7FFFC) & 0xFFFFF) <= 8) | (abs(q) < float32(0.015625))
 
     return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
-                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, quotient_for_e4m3=g_quotient_for_e4m3)
+                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, near_e4m3_midpoint=g_near_e4m3_midpoint)

@@ -33,3 +33,24 @@ def copy_bandwidth_gbs(nbytes, device="cuda", reps=20):
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src), reps=reps)
     return 2 * n / (ms * 1e-3) / 1e9, ms
+
+
+def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
+    """Median ms of the MLP row kernel alone: `batch` back-to-back launches with prepared arguments,
+    cycling through arg_sets (x, x_norm_weight, adaln_scale, adaln_shift, adaln_index) tuples."""
+    from . import dispatch, mlp_fp8_row
+    from .mlp_fp8 import row_stage_launch_args
+
+    prepared, call = [], None
+    for args in arg_sets:
+        call = dispatch.Call(dict(zip("xwsti", args), a_q=a_q, a_scale=a_scale))
+        prepared.append(row_stage_launch_args(call, *args, eps, a_q, a_scale))
+    stream = call.numba_stream()
+
+    def launches():
+        for i in range(batch):
+            mlp_fp8_row.launch(*prepared[i % len(prepared)], stream=stream)
+
+    with call.numba_device():
+        launches()
+        return median_ms(launches, warmup=2, reps=reps) / batch
