@@ -8,6 +8,8 @@ from .reference import minimax_h3_fc1_row_order
 from .shapes import FFN, HEAD_DIM, HIDDEN, MAX_M, fc2_flag_count
 
 __version__ = "0.1.0"
+__all__ = ["FFN", "HEAD_DIM", "HIDDEN", "MAX_M", "minimax_h3_fc1_row_order", "minimax_h3_mlp_fc2_flags",
+           "minimax_h3_mlp_fc2_flags_sm120", "minimax_h3_mlp_fp8_row_stage"]
 
 # Still to come (see the issues): minimax_h3_mlp_fp8, minimax_h3_varlen_attention_fp8,
 # workspace_bytes and the GPU prepare_* functions. Their definitions, on the CPU, are in

@@ -1,16 +1,15 @@
 """The one bridge between the caller's arrays (torch or CuPy) and our kernels.
 
 A `Call` is opened on the named arguments of one operator call. It checks that they are all
-of one kind and on one device, hands out raw-bit CuPy views (bf16 as uint16, e4m3 as uint8)
-and Numba views of them, allocates results of the caller's kind, and gives the caller's
-current stream to CuPy and Numba launches. Nothing here synchronizes the host.
+of one kind and on one device, hands out raw-bit Numba views of them (bf16 as uint16, e4m3 as
+uint8) built from pointer, shape and strides alone, allocates results of the caller's kind,
+and gives the caller's current stream to the launches. Nothing here synchronizes the host.
 """
 import contextlib
 import functools
 
 BF16, E4M3, F32, I64, I32 = "bfloat16", "float8_e4m3fn", "float32", "int64", "int32"
 _RAW = {BF16: "uint16", E4M3: "uint8", F32: "float32", I64: "int64", I32: "int32"}
-_ITEMSIZE = {BF16: 2, E4M3: 1, F32: 4, I64: 8, I32: 4}
 
 
 def _torch():
@@ -44,18 +43,6 @@ def logical_dtype(a):
     name = a.dtype.name
     return {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8": E4M3,
             "float32": F32, "int64": I64, "int32": I32}.get(name)
-
-
-def describe(a):
-    if kind_of(a) is None:
-        return type(a).__name__
-    return f"{kind_of(a)} {a.dtype} {tuple(a.shape)} on {device_name(a)}"
-
-
-def device_name(a):
-    if kind_of(a) == "torch":
-        return str(a.device)
-    return f"cuda:{a.device.id}"
 
 
 def strides_elems(a):
@@ -109,22 +96,9 @@ class Call:
 
     @contextlib.contextmanager
     def active(self):
-        """Makes this call's device and stream CuPy's current ones (so DLPack needs no sync)."""
+        """Makes this call's device and stream CuPy's current ones (allocations are stream-ordered)."""
         with _cupy().cuda.Device(self.device_id), cupy_stream(self.stream_ptr, self.device_id):
             yield
-
-    def raw(self, a):
-        """A CuPy view of `a` in raw-bit dtypes (bf16 -> uint16, e4m3 -> uint8); no copy."""
-        cp = _cupy()
-        dt = logical_dtype(a)
-        if self.kind == "torch":
-            t = _torch()
-            if dt == BF16:
-                a = a.view(t.int16)
-            elif dt == E4M3:
-                a = a.view(t.uint8)
-            return cp.from_dlpack(a).view(_RAW[dt]) if a.numel() else cp.empty(tuple(a.shape), _RAW[dt])
-        return a.view(_RAW[dt]) if a.dtype.name != _RAW[dt] else a
 
     def numba(self, a, view=None):
         """A Numba device view of `a` in raw bits, reinterpreted as `view` if given (e.g. 'uint64'
@@ -159,13 +133,6 @@ class Call:
         cp = _cupy()
         with self.active():
             return cp.empty(shape, dtype=_cupy_dtype(dtype))
-
-    def launch(self, function, grid, block, args, shared_mem=0):
-        """Launches a CuPy RawModule function on the caller's stream."""
-        cp = _cupy()
-        with cp.cuda.Device(self.device_id):
-            function(grid, block, args, shared_mem=shared_mem,
-                     stream=cupy_stream(self.stream_ptr, self.device_id))
 
 
 def _numba_view(ptr, shape, strides, raw, view, owner):
@@ -218,7 +185,3 @@ def _cupy_dtype(dtype):
         except Exception:
             pass
     return _RAW[dtype]
-
-
-def itemsize(dtype):
-    return _ITEMSIZE[dtype]

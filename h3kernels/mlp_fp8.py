@@ -46,7 +46,7 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
     from . import mlp_fp8_row
 
-    with call.active(), call.numba_device():
+    with call.numba_device():
         args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
         mlp_fp8_row.launch(*args, stream=call.numba_stream())
     return a_q, a_scale

@@ -1,6 +1,4 @@
 """h3kernels.reference against the contract's definitions and against unquantized math."""
-import math
-
 import numpy as np
 import pytest
 import torch
