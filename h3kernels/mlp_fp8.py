@@ -1,6 +1,54 @@
-"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md). This issue's part: the row stage."""
-from . import dispatch, validate
-from .shapes import HIDDEN, MAX_M
+"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md). Built so far: the weight
+preparation and the row stage (RMSNorm + indexed AdaLN + per-token e4m3 quantization)."""
+from . import dispatch, reference, validate
+from .shapes import FC1_OUT, FFN, HIDDEN, MAX_M
+
+_WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def prepare_minimax_h3_fc1_weight_fp8(w1):
+    """w1 [28672, 5376] float (rows 0..14335 gate, then up) -> (e4m3 q [28672, 5376], f32 scale
+    [28672]) in the kernel's prepacked row order (see minimax_h3_fc1_row_order), per contract.md.
+    Torch tensors (CPU or CUDA) or CuPy arrays; the result is of the same kind and device."""
+    return _prepare("w1", w1, (FC1_OUT, HIDDEN), reference.prepare_minimax_h3_fc1_weight_fp8)
+
+
+def prepare_minimax_h3_fc2_weight_fp8(w2):
+    """w2 [5376, 14336] float -> (e4m3 q [5376, 14336], f32 scale [5376]), logical row order."""
+    return _prepare("w2", w2, (HIDDEN, FFN), reference.prepare_minimax_h3_fc2_weight_fp8)
+
+
+def _prepare(name, w, shape, quantize):
+    """Runs the reference quantization with torch on w's own device: every step (amax, an IEEE
+    division, RNE e4m3 with saturation) is exact or correctly rounded there, so the result is
+    bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
+    import torch
+
+    kind = dispatch.kind_of(w)
+    if kind is None:
+        validate.fail(name, type(w).__name__, "a torch tensor or a CuPy array", TypeError)
+    if kind == "torch":
+        if str(w.dtype).replace("torch.", "") not in _WEIGHT_DTYPES:
+            validate.fail(name, w.dtype, "bfloat16, float16 or float32", TypeError)
+    elif w.dtype.name not in _WEIGHT_DTYPES + ("uint16",):
+        validate.fail(name, w.dtype, "bfloat16 (or its uint16 bits), float16 or float32", TypeError)
+    if tuple(w.shape) != shape:
+        validate.fail(name, f"shape {tuple(w.shape)}", f"shape {shape}")
+    if kind == "torch":
+        return quantize(w)
+    import cupy
+
+    bf16_bits = w.dtype.name in ("bfloat16", "uint16")
+    t = torch.from_dlpack(w.view(cupy.int16) if bf16_bits else w)
+    if bf16_bits:
+        t = t.view(torch.bfloat16)
+    ptr = cupy.cuda.get_current_stream().ptr
+    # CuPy's null stream is torch's default stream; any other is wrapped as it is.
+    stream = torch.cuda.default_stream(t.device) if ptr == 0 else torch.cuda.ExternalStream(ptr, device=t.device)
+    with torch.cuda.stream(stream):
+        q, s = quantize(t)
+        q8 = cupy.from_dlpack(q.view(torch.uint8))
+    return q8.view(dispatch._cupy_dtype(dispatch.E4M3)), cupy.from_dlpack(s)
 
 
 def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
