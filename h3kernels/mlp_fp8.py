@@ -106,3 +106,48 @@ def row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adal
     return (nb(x, quads), nb(x_norm_weight, quads), call.numba_span(adaln_scale, quads),
             call.numba_span(adaln_shift, quads), dispatch.strides_elems(adaln_scale)[0] // 4,
             adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale))
+
+
+# --- FC1 GEMM + SwiGLU (cuda_src/mlp_fp8.cu) ------------------------------------------------
+# Not yet part of the public operator: it has been compiled and resource-checked for sm_120a
+# and sm_90, and its GPU test (tests/test_mlp_fp8.py) is still to be run.
+
+FC1_TILE = (128, 128, 128)  # BM, BN, BK (bytes of K), as the #defines of cuda_src/mlp_fp8.cu
+FC1_STAGES = 3
+FC1_THREADS = 256
+FC1_SMEM_BYTES = FC1_STAGES * (FC1_TILE[0] + FC1_TILE[1]) * FC1_TILE[2]
+
+
+def mma_form(device_id, requested=-1):
+    """The FP8 mma form for `fp8_mma_form` (contract.md): -1 the board's, 0 legacy, 2 mxf8f6f4."""
+    from . import jit
+
+    arch = jit.arch_for(jit.device_cc(device_id))
+    if isinstance(requested, bool) or requested not in (-1, 0, 2):
+        validate.fail("fp8_mma_form", repr(requested), "-1, 0 or 2", ValueError)
+    if requested == 2 and arch != "sm_120a":
+        validate.fail("fp8_mma_form", 2, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
+    if requested == -1:
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        return 2 if arch == "sm_120a" and "GeForce" in name else 0
+    return requested
+
+
+def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
+    import cupy
+    import numpy as np
+
+    from . import jit
+
+    f = jit.get_function("mlp_fp8", "h3_mlp_fc1", call.device_id, {"H3_MMA_FORM": form})
+    f.max_dynamic_shared_size_bytes = FC1_SMEM_BYTES
+    tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
+    sms = cupy.cuda.runtime.getDeviceProperties(call.device_id)["multiProcessorCount"]
+    ptr = lambda a: np.uint64(dispatch.data_ptr(a))
+    with cupy.cuda.Device(call.device_id):
+        f((min(tiles, sms),), (FC1_THREADS,), (ptr(a_q), ptr(a_scale), ptr(w1_q), ptr(w1_scale), ptr(y), np.int32(m)),
+          shared_mem=FC1_SMEM_BYTES, stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))

@@ -104,6 +104,16 @@ def mlp_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps=1
     return torch.where(valid[:, None], a, torch.zeros_like(a))
 
 
+def fc1_swiglu(a_q, a_scale, fc1_weight_q, fc1_weight_scale):
+    """y (bf16 [M, 14336], logical columns) from the quantized activation and prepacked FC1 weights."""
+    acc1 = a_q.to(F32) @ fc1_weight_q.to(F32).T  # products of e4m3 values are exact in FP32
+    h = bf16((acc1 * a_scale.to(F32)[:, None]) * fc1_weight_scale.to(F32)[None, :])
+    logical = torch.empty_like(h)
+    logical[:, minimax_h3_fc1_row_order(h.device)] = h
+    g, u = logical[:, :FFN].to(F32), logical[:, FFN:].to(F32)
+    return bf16(bf16(g / (1.0 + torch.exp(-g))).to(F32) * u)
+
+
 def _fill(workspace, value):
     if workspace is not None:
         workspace.copy_(value.to(workspace.dtype))
@@ -119,12 +129,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     _fill(workspace_a_q, a_q)
     _fill(workspace_a_scale, s_a)
 
-    acc1 = a_q.to(F32) @ fc1_weight_q.to(F32).T  # products of e4m3 values are exact in FP32
-    h = bf16((acc1 * s_a[:, None]) * fc1_weight_scale.to(F32)[None, :])
-    logical = torch.empty_like(h)
-    logical[:, minimax_h3_fc1_row_order(h.device)] = h
-    g, u = logical[:, :FFN].to(F32), logical[:, FFN:].to(F32)
-    y = bf16(bf16(g / (1.0 + torch.exp(-g))).to(F32) * u)
+    y = fc1_swiglu(a_q, s_a, fc1_weight_q, fc1_weight_scale)
     _fill(workspace_y, y)
 
     y_q, s_y = quantize_rows(y)
