@@ -1,12 +1,19 @@
 """python -m h3kernels.compile_check: compile every cuda_src/*.cu for sm_120a and sm_90, no GPU needed.
 
 Prints registers, static shared memory and spill bytes per kernel and mma form. Exits non-zero
-on a compile error, on any spill or stack frame of spilled registers, or on more static shared
-memory than an SM120 block may use.
+on a compile error, on any spill, or on more static shared memory than an SM120 block may use.
+With --sass it compiles through cuda-python's NVRTC 13 (nvidia-cuda-nvrtc) and counts the
+matrix instructions in each cubin with the nvidia-cuda-nvdisasm wheel's nvdisasm, which does
+not read the cubins of NVRTC 12.
 """
 import argparse
+import collections
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from . import jit
 
@@ -35,18 +42,49 @@ def parse_ptxas(log):
     return out
 
 
-def check(archs=("sm_120a", "sm_90"), names=None, out=None):
+def nvdisasm_path():
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for cand in Path(root).glob("*/bin/nvdisasm"):
+                return str(cand)
+    except ImportError:
+        pass
+    return None
+
+
+_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA)[A-Z0-9._]*)")
+
+
+def mma_instructions(cubin):
+    """Counter of matrix instructions in a cubin, via nvdisasm."""
+    tool = nvdisasm_path()
+    if tool is None:
+        raise FileNotFoundError("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return collections.Counter(_MMA.findall(text))
+
+
+def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     out = out or sys.stdout
     failures = []
-    print(f"NVRTC {'.'.join(map(str, jit.nvrtc().version))}, sources in {jit.source_dir()}", file=out)
+    backend = "cuda-python" if sass else None
+    print(f"NVRTC {'.'.join(map(str, jit.nvrtc(backend).version))}, sources in {jit.source_dir()}", file=out)
     print(f"{'source':<24}{'arch':<9}{'form':>5}  {'kernel':<28}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
           file=out)
     for name in names or jit.sources():
         for arch in archs:
             for form in jit.MMA_FORMS[arch]:
                 try:
-                    _, log, _ = jit.compile_cubin(name, arch, {"H3_MMA_FORM": form}, ("-Xptxas=-v",),
-                                                  use_cache=False)
+                    cubin, log, _ = jit.compile_cubin(name, arch, {"H3_MMA_FORM": form}, ("-Xptxas=-v",),
+                                                      use_cache=False, backend=backend)
                 except jit.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
                     print(err, file=out)
@@ -59,6 +97,13 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None):
                         failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
                     if r["smem"] > SM120_SMEM_LIMIT:
                         failures.append(f"{name} {arch} form {form} {kernel}: {r['smem']} B static smem")
+                if sass:
+                    try:
+                        counts = mma_instructions(cubin)
+                        print(f"{'':<24}{'':<9}{'':>5}  mma: " + (", ".join(f"{k} x{v}" for k, v in
+                              sorted(counts.items())) or "none"), file=out)
+                    except (OSError, subprocess.CalledProcessError) as err:
+                        print(f"{'':<40}SASS not read: {str(err).splitlines()[0]}", file=out)
     for f in failures:
         print("FAIL", f, file=out)
     print("compile_check:", "FAILED" if failures else "ok", file=out)
@@ -68,9 +113,10 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m h3kernels.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", action="append", choices=sorted(jit.MMA_FORMS), help="default: sm_120a and sm_90")
+    p.add_argument("--sass", action="store_true", help="count matrix instructions with nvdisasm")
     p.add_argument("sources", nargs="*", help="stems of cuda_src/*.cu (default: all)")
     a = p.parse_args(argv)
-    return 0 if check(tuple(a.arch or ("sm_120a", "sm_90")), a.sources or None) else 1
+    return 0 if check(tuple(a.arch or ("sm_120a", "sm_90")), a.sources or None, sass=a.sass) else 1
 
 
 if __name__ == "__main__":

@@ -80,19 +80,23 @@ def options_for(arch, defines=None, extra=()):
 
 
 class _Nvrtc:
-    """The smallest NVRTC surface we need, from CuPy if it is there, else from cuda-python."""
+    """The smallest NVRTC surface we need: CuPy's binding (the NVRTC that matches the CuPy in
+    use) unless backend='cuda-python' asks for cuda-python's, which is also the fallback."""
 
-    def __init__(self):
-        try:
-            from cupy_backends.cuda.libs import nvrtc
+    def __init__(self, backend=None):
+        self._cupy = None
+        if backend != "cuda-python":
+            try:
+                from cupy_backends.cuda.libs import nvrtc
 
-            self._cupy, self.version = nvrtc, tuple(nvrtc.getVersion())
-        except Exception:
-            from cuda.bindings import nvrtc
+                self._cupy, self.version = nvrtc, tuple(nvrtc.getVersion())
+                return
+            except Exception:
+                pass
+        from cuda.bindings import nvrtc
 
-            self._cupy = None
-            self._cb = nvrtc
-            self.version = tuple(nvrtc.nvrtcVersion()[1:])
+        self._cb = nvrtc
+        self.version = tuple(nvrtc.nvrtcVersion()[1:])
 
     def compile(self, text, name, headers, options):
         """Returns (cubin bytes, log); raises CompileError with the log on failure."""
@@ -127,33 +131,33 @@ class _Nvrtc:
         return cubin, log
 
 
-_nvrtc = None
+_nvrtc = {}
 
 
-def nvrtc():
-    global _nvrtc
-    if _nvrtc is None:
-        _nvrtc = _Nvrtc()
-    return _nvrtc
+def nvrtc(backend=None):
+    with _lock:
+        if backend not in _nvrtc:
+            _nvrtc[backend] = _Nvrtc(backend)
+        return _nvrtc[backend]
 
 
-def cache_key(name, options):
+def cache_key(name, options, backend=None):
     main, headers = read_with_includes(name)
     h = hashlib.sha256()
-    for part in (repr(nvrtc().version), name, repr(options), main, *sorted(headers.items())):
+    for part in (repr(nvrtc(backend).version), name, repr(options), main, *sorted(headers.items())):
         h.update(repr(part).encode())
     return h.hexdigest()[:32]
 
 
-def compile_cubin(name, arch, defines=None, extra=(), use_cache=True):
+def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=None):
     """cuda_src/<name>.cu -> (cubin, log, cache key), through the disk cache."""
     options = options_for(arch, defines, extra)
-    key = cache_key(name, options)
+    key = cache_key(name, options, backend)
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
     if use_cache and path.is_file():
         return path.read_bytes(), "", key
     main, headers = read_with_includes(name)
-    cubin, log = nvrtc().compile(main, f"{name}.cu", headers, options)
+    cubin, log = nvrtc(backend).compile(main, f"{name}.cu", headers, options)
     if not use_cache:
         return cubin, log, key
     try:
