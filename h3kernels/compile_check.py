@@ -89,7 +89,10 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     failures.append(f"{name} {arch} form {form}: compile error")
                     print(err, file=out)
                     continue
-                for kernel, r in sorted(parse_ptxas(log).items()):
+                parsed = parse_ptxas(log)
+                if not parsed:
+                    failures.append(f"{name} {arch} form {form}: no kernel found in the ptxas report")
+                for kernel, r in sorted(parsed.items()):
                     spill = r["spill_st"] + r["spill_ld"]
                     print(f"{name:<24}{arch:<9}{form:>5}  {kernel:<28}{r['regs']:>5}{r['smem']:>8}"
                           f"{r['stack']:>6}{spill:>7}", file=out)

@@ -48,10 +48,8 @@ def cache_dir():
 
 def arch_for(cc):
     cc = tuple(cc)
-    if cc in ARCH_BY_CC:
+    if cc in ARCH_BY_CC:  # exact: an sm_120a cubin loads on compute capability 12.0 only
         return ARCH_BY_CC[cc]
-    if cc[0] == 12:
-        return "sm_120a"
     supported = ", ".join(f"sm_{a}{b}" for a, b in ARCH_BY_CC)
     raise ValueError(f"device: compute capability {cc[0]}.{cc[1]} is not supported; need one of {supported}")
 

@@ -20,8 +20,8 @@ def prepare_minimax_h3_fc2_weight_fp8(w2):
 
 def _prepare(name, w, shape, quantize):
     """Runs the reference quantization with torch on w's own device: every step (amax, an IEEE
-    division, RNE e4m3 with saturation) is exact or correctly rounded there, so the result is
-    bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
+    division by a tensor, RNE e4m3 with saturation) is exact or correctly rounded there, so the
+    result is bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
     import torch
 
     kind = dispatch.kind_of(w)
@@ -42,7 +42,8 @@ def _prepare(name, w, shape, quantize):
     t = torch.from_dlpack(w.view(cupy.int16) if bf16_bits else w)
     if bf16_bits:
         t = t.view(torch.bfloat16)
-    ptr = cupy.cuda.get_current_stream().ptr
+    with cupy.cuda.Device(w.device.id):
+        ptr = cupy.cuda.get_current_stream().ptr
     # CuPy's null stream is torch's default stream; any other is wrapped as it is.
     stream = torch.cuda.default_stream(t.device) if ptr == 0 else torch.cuda.ExternalStream(ptr, device=t.device)
     with torch.cuda.stream(stream):
@@ -61,7 +62,9 @@ def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index
     if not 1 <= m <= MAX_M:
         validate.fail("x", f"M = {m} rows", f"1 <= M <= {MAX_M} (M * 14336 must stay below 2**31)")
     validate.array("x", x, dispatch.BF16, (m, HIDDEN))
+    validate.aligned("x", x, 8)  # read as quads of bf16
     validate.array("x_norm_weight", x_norm_weight, dispatch.BF16, (HIDDEN,))
+    validate.aligned("x_norm_weight", x_norm_weight, 8)
     validate.table("adaln_scale", adaln_scale, HIDDEN)
     validate.table("adaln_shift", adaln_shift, HIDDEN)
     if adaln_shift.shape[0] != adaln_scale.shape[0]:
@@ -72,6 +75,7 @@ def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index
     validate.array("adaln_index", adaln_index, dispatch.I64, (m,))
     if workspace_a_q is not None:
         validate.array("workspace_a_q", workspace_a_q, dispatch.E4M3, (m, HIDDEN))
+        validate.aligned("workspace_a_q", workspace_a_q, 4)  # written as quads of e4m3
     if workspace_a_scale is not None:
         validate.array("workspace_a_scale", workspace_a_scale, dispatch.F32, (m,))
     return validate.positive_finite("eps", eps)

@@ -102,6 +102,8 @@ def _build():
         inv = float32(0.0)
         if live:
             inv = div_rn(float32(1.0), s_a)
+        # Below 2**-126, 1/s_a overflows: 0 * inf would be NaN. Such rows divide every element.
+        exact_only = not (inv < float32(3.0e38))
         for j in range(QUADS_PER_THREAD):
             out = 0
             if live:
@@ -111,7 +113,8 @@ def _build():
                 a2 = f32_from_bf16((aq >> 32) & 0xFFFF)
                 a3 = f32_from_bf16(aq >> 48)
                 q0, q1, q2, q3 = float32(a0 * inv), float32(a1 * inv), float32(a2 * inv), float32(a3 * inv)
-                if near_e4m3_midpoint(q0) | near_e4m3_midpoint(q1) | near_e4m3_midpoint(q2) | near_e4m3_midpoint(q3):
+                if exact_only | near_e4m3_midpoint(q0) | near_e4m3_midpoint(q1) | near_e4m3_midpoint(q2) \
+                        | near_e4m3_midpoint(q3):
                     q0, q1, q2, q3 = div_rn(a0, s_a), div_rn(a1, s_a), div_rn(a2, s_a), div_rn(a3, s_a)
                 out = e4m3x2(q0, q1) | (e4m3x2(q2, q3) << 16)
             a_q[row, t + uint64(j * ROW_THREADS)] = out

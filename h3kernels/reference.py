@@ -28,10 +28,16 @@ def e4m3(v):
     return torch.clamp(v.to(F32), -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def div(a, b):
+    """RN(a / b) elementwise. b is made a tensor: on CUDA, torch divides by a Python scalar as
+    a * (1 / b), which is not RN(a / b)."""
+    return a / torch.full_like(a, b) if not torch.is_tensor(b) else a / b
+
+
 def quantize_rows(v):
     """Per-row e4m3 quantization: s = RN(amax / 448), q = e4m3(RN(v / s)); amax 0 gives s = 0, q = 0."""
     v = v.to(F32)
-    s = v.abs().amax(dim=-1) / E4M3_MAX
+    s = div(v.abs().amax(dim=-1), E4M3_MAX)
     safe = torch.where(s > 0, s, torch.ones_like(s))
     q = e4m3(torch.where((s > 0)[..., None], v / safe[..., None], torch.zeros_like(v)))
     return q, s
@@ -46,7 +52,7 @@ def _quantize_weight_rows(w):
 # --- MLP ------------------------------------------------------------------------------
 
 def minimax_h3_fc1_row_order(device=None):
-    return torch.from_numpy(fc1_row_order_numpy()).to(device or "cpu")
+    return torch.from_numpy(fc1_row_order_numpy()).to("cpu" if device is None else device)
 
 
 def prepare_minimax_h3_fc1_weight_fp8(w1):
@@ -82,7 +88,7 @@ def sum_of_squares(x):
 
 def rms_scale(x, eps):
     """r = 1 / sqrt(sum(x*x) / 5376 + eps), each operation correctly rounded in FP32."""
-    v = sum_of_squares(x) / HIDDEN + torch.tensor(eps, dtype=F32)
+    v = div(sum_of_squares(x), HIDDEN) + torch.tensor(eps, dtype=F32, device=x.device)
     root = torch.sqrt(v.double()).to(F32)  # torch's FP32 sqrt is not correctly rounded on every CPU
     return torch.ones_like(root) / root
 
@@ -124,6 +130,9 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
                       workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
     """The fused W8A8 MLP block (contract.md, MLP details)."""
+    if not adaln_scale.shape[0] == adaln_shift.shape[0] == gate.shape[0]:
+        raise ValueError(f"gate: got {gate.shape[0]} rows, adaln_scale {adaln_scale.shape[0]} and adaln_shift "
+                         f"{adaln_shift.shape[0]}; need one row count")
     a = mlp_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps)
     a_q, s_a = quantize_rows(a)
     _fill(workspace_a_q, a_q)
@@ -176,12 +185,12 @@ def quantize_attention_inputs(q, k, v, cu_seqlens):
         for blk in range(a, b, 128):
             e = min(blk + 128, b)
             part = kc[blk - a:e - a]  # [n, heads, 128]
-            s = part.abs().amax(dim=(0, 2)) / E4M3_MAX  # [heads]
+            s = div(part.abs().amax(dim=(0, 2)), E4M3_MAX)  # [heads]
             safe = torch.where(s > 0, s, torch.ones_like(s))
             k8[blk:e] = e4m3(torch.where(s[None, :, None] > 0, part / safe[None, :, None], 0.0))
             s_k[blk:e] = s
         vs = v[a:b].to(F32)
-        s = vs.abs().amax(dim=0) / E4M3_MAX  # [heads, 128]
+        s = div(vs.abs().amax(dim=0), E4M3_MAX)  # [heads, 128]
         safe = torch.where(s > 0, s, torch.ones_like(s))
         v8[a:b] = e4m3(torch.where(s[None] > 0, vs / safe[None], 0.0))
         s_v[a:b] = s

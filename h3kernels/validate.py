@@ -2,6 +2,8 @@
 what it needs, as TypeError (wrong kind or dtype) or ValueError (wrong shape, device, value)."""
 import math
 
+import numpy as np
+
 from . import dispatch
 
 
@@ -41,13 +43,21 @@ def table(name, a, cols):
         fail(name, f"base address {dispatch.data_ptr(a):#x}", "a 16-byte-aligned base")
 
 
+def aligned(name, a, nbytes):
+    """The kernels read whole 4- or 8-byte words: the base address must allow it."""
+    if dispatch.data_ptr(a) % nbytes:
+        article = "an" if nbytes == 8 else "a"
+        fail(name, f"base address {dispatch.data_ptr(a):#x}", f"{article} {nbytes}-byte-aligned base")
+
+
 def positive_finite(name, v):
+    """A float that stays positive and finite in FP32 (the kernels use it as float32)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
         fail(name, repr(v), "a positive finite float", TypeError)
-    if not (math.isfinite(f) and f > 0):
-        fail(name, repr(v), "a positive finite float")
+    if not (math.isfinite(f) and f > 0 and 0 < float(np.float32(f)) < math.inf):
+        fail(name, repr(v), "a positive float, finite and nonzero in FP32")
     return f
 
 

@@ -65,8 +65,25 @@ def test_bad_arguments_raise_before_launch_and_write_nothing(name, mutate, exc, 
     assert (a_q.view(torch.uint8) == 0x7F).all() and (a_s == 7.0).all()
 
 
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-50, 1e300])
+def test_eps_must_be_positive_and_finite_in_fp32(eps):
+    from h3kernels import validate
+
+    with pytest.raises(ValueError, match="eps: got"):
+        validate.positive_finite("eps", eps)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf")])
+def test_misaligned_x_is_refused():
+    x, w, sc, sh, idx = gpu_args()
+    buf = torch.zeros(4 * 5376 + 8, dtype=torch.bfloat16, device="cuda")
+    x_off = buf[2:2 + 4 * 5376].view(4, 5376)  # contiguous, 4 bytes off an 8-byte boundary
+    with pytest.raises(ValueError, match="x: got base address .*; need an 8-byte-aligned base"):
+        h3kernels.minimax_h3_mlp_fp8_row_stage(x_off, w, sc, sh, idx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-50])
 def test_bad_eps(eps):
     x, w, sc, sh, idx = gpu_args()
     with pytest.raises(ValueError, match="eps: got"):

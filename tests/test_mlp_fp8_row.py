@@ -24,6 +24,10 @@ def hard_rows(m, rows=6, device="cpu"):
     if m >= 7:
         idx[5] = 2**62
         sh[idx[6] if 0 <= idx[6] < rows else 0] *= 3e4
+    if m >= 9:  # t = bf16(1 + -1) = 0 and tiny shifts: a_scale ~ 1e-40, whose inverse overflows
+        sc[rows - 1] = -1
+        sh[rows - 1] = (torch.randn(HIDDEN, device=device) * 1e-37).bfloat16()
+        idx[8] = rows - 1
     return x, w, sc, sh, idx
 
 

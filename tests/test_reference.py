@@ -166,6 +166,18 @@ def test_mlp_workspaces_guard_and_accuracy(mlp_case):
     assert cos > 0.99
 
 
+def test_mlp_tables_must_share_one_row_count(mlp_case):
+    (x, w, sc, sh, idx, gate, residual, w1, w2), (q1, s1, q2, s2) = mlp_case
+    with pytest.raises(ValueError, match="gate: got 3 rows"):
+        R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate[:3], residual, q1, s1, q2, s2)
+
+
+def test_division_is_correctly_rounded_for_scalar_divisors():
+    v = torch.rand(1_000_000) * 1000
+    assert np.array_equal(R.div(v, 448.0).numpy(), v.numpy() / np.float32(448))
+    assert np.array_equal(R.div(v, 5376).numpy(), v.numpy() / np.float32(5376))
+
+
 def test_mlp_out_may_alias_residual(mlp_case):
     (x, w, sc, sh, idx, gate, residual, w1, w2), (q1, s1, q2, s2) = mlp_case
     want = R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
