@@ -165,6 +165,15 @@ def _segments(cu_seqlens):
     return list(zip(cu[:-1], cu[1:]))
 
 
+def key_mean(ks):
+    """FP32 mean over a segment's keys [L, heads, 128] in the K pass's order: the keys added one
+    after another in token order, then RN(sum / L)."""
+    total = torch.zeros_like(ks[0])
+    for t in range(ks.shape[0]):
+        total = total + ks[t]
+    return div(total, ks.shape[0])
+
+
 def quantize_attention_inputs(q, k, v, cu_seqlens):
     """Returns (q8, s_q, k8, s_k, v8, s_v) as contract.md defines them.
 
@@ -181,7 +190,7 @@ def quantize_attention_inputs(q, k, v, cu_seqlens):
         if a == b:
             continue
         ks = k[a:b].to(F32)
-        kc = ks - ks.mean(dim=0, keepdim=True)
+        kc = ks - key_mean(ks)[None]
         for blk in range(a, b, 128):
             e = min(blk + 128, b)
             part = kc[blk - a:e - a]  # [n, heads, 128]

@@ -1,0 +1,145 @@
+"""The quantization passes of minimax_h3_varlen_attention_fp8 (Numba, raw bits).
+
+contract.md, Attention details:
+- Q per (token, head): s_q = RN(amax / 448) over the 128 channels, q8 = e4m3(RN(q / s_q)).
+- K per (segment, head, channel): FP32 mean mu over the segment's keys (added in token order,
+  then RN(sum / L)); k' = RN(k - mu); per (128-key block from the segment's start, head):
+  s_k = RN(amax |k'| / 448), k8 = e4m3(RN(k' / s_k)).
+- V per (segment, head, channel): s_v = RN(amax / 448) over the segment's keys,
+  v8 = e4m3(RN(v / s_v)).
+Zero scales give zero codes. Like the MLP row kernel, these kernels keep bf16 as uint16 and e4m3
+as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
+"""
+import threading
+
+import numpy as np
+from numba import cuda, float32  # module level: the simulator swaps this global for its fake
+
+from .shapes import E4M3_MAX, HEAD_DIM
+from .varlen_attention_fp8_plan import K_BLOCK
+
+ROWS_PER_CTA = 128
+_lock = threading.Lock()
+_kernels = None
+
+
+def _build():
+    from .fp8_bits import primitives
+
+    p = primitives()
+    f32_from_bf16, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3x2_from_f32, p.div_rn
+
+    @cuda.jit
+    def q_kernel(q, q8, s_q):
+        """q: uint16 [rows, 128] (rows = tokens * heads); q8: uint8 [rows, 128]; s_q: f32 [rows]."""
+        row = cuda.blockIdx.x * ROWS_PER_CTA + cuda.threadIdx.x
+        if row >= q.shape[0]:
+            return
+        amax = float32(0.0)
+        for c in range(HEAD_DIM):
+            amax = max(amax, abs(f32_from_bf16(q[row, c])))
+        s = div_rn(amax, float32(E4M3_MAX))
+        for c in range(0, HEAD_DIM, 2):
+            pair = 0
+            if s > float32(0.0):
+                pair = e4m3x2(div_rn(f32_from_bf16(q[row, c]), s), div_rn(f32_from_bf16(q[row, c + 1]), s))
+            q8[row, c] = pair & 0xFF
+            q8[row, c + 1] = pair >> 8
+        s_q[row] = s
+
+    @cuda.jit
+    def k_mean_kernel(k, cu, mu):
+        """k: uint16 [tokens, heads, 128]; cu: int64 [segments + 1]; mu: f32 [segments, heads, 128].
+        Grid (segments, heads), one thread per channel."""
+        seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        a, b = cu[seg], cu[seg + 1]
+        total = float32(0.0)
+        for t in range(a, b):
+            total = float32(total + f32_from_bf16(k[t, h, c]))
+        mean = float32(0.0)
+        if b > a:
+            mean = div_rn(total, float32(b - a))
+        mu[seg, h, c] = mean
+
+    @cuda.jit
+    def k_quant_kernel(k, mu, blocks, k8, s_k):
+        """blocks: int64 [n, 3] (segment, first key, keys); s_k: f32 [n, heads]; k8: uint8 like k.
+        Grid (n, heads), one thread per channel."""
+        blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        red = cuda.shared.array(HEAD_DIM, float32)
+        seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
+        m = mu[seg, h, c]
+        amax = float32(0.0)
+        for t in range(first, first + count):
+            amax = max(amax, abs(float32(f32_from_bf16(k[t, h, c]) - m)))
+        red[c] = amax
+        cuda.syncthreads()
+        half = HEAD_DIM // 2
+        while half > 0:
+            if c < half:
+                red[c] = max(red[c], red[c + half])
+            cuda.syncthreads()
+            half //= 2
+        s = div_rn(red[0], float32(E4M3_MAX))
+        for t in range(first, first + count):
+            code = 0
+            if s > float32(0.0):
+                code = e4m3x2(div_rn(float32(f32_from_bf16(k[t, h, c]) - m), s), float32(0.0)) & 0xFF
+            k8[t, h, c] = code
+        if c == 0:
+            s_k[blk, h] = s
+
+    @cuda.jit
+    def v_kernel(v, cu, v8, s_v):
+        """v: uint16 [tokens, heads, 128]; s_v: f32 [segments, heads, 128]. Grid (segments, heads)."""
+        seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        a, b = cu[seg], cu[seg + 1]
+        amax = float32(0.0)
+        for t in range(a, b):
+            amax = max(amax, abs(f32_from_bf16(v[t, h, c])))
+        s = div_rn(amax, float32(E4M3_MAX))
+        for t in range(a, b):
+            code = 0
+            if s > float32(0.0):
+                code = e4m3x2(div_rn(f32_from_bf16(v[t, h, c]), s), float32(0.0)) & 0xFF
+            v8[t, h, c] = code
+        s_v[seg, h, c] = s
+
+    return q_kernel, k_mean_kernel, k_quant_kernel, v_kernel
+
+
+def kernels():
+    global _kernels
+    with _lock:
+        if _kernels is None:
+            _kernels = _build()
+        return _kernels
+
+
+def key_blocks(cu_seqlens_host):
+    """int64 [n, 3]: (segment, first key, keys) of every 128-key block, segment after segment,
+    in the numbering of varlen_attention_fp8_plan's block_offset."""
+    rows = []
+    for seg, (a, b) in enumerate(zip(cu_seqlens_host[:-1], cu_seqlens_host[1:])):
+        for first in range(a, b, K_BLOCK):
+            rows.append((seg, first, min(K_BLOCK, b - first)))
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def launch(q, k, v, cu, blocks, q8, s_q, mu, k8, s_k, v8, s_v, stream=None):
+    """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int64 [segments + 1]; blocks: from
+    key_blocks; outputs as the kernels' docstrings say. Arrays are Numba device arrays (or numpy
+    arrays in the simulator); work goes on `stream`."""
+    tokens, heads, _ = q.shape
+    segments = cu.shape[0] - 1
+    qk, kmean, kq, vk = kernels()
+    cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
+    if tokens:
+        rows = tokens * heads
+        qk[cfg(-(-rows // ROWS_PER_CTA), ROWS_PER_CTA)](q.reshape(rows, HEAD_DIM), q8.reshape(rows, HEAD_DIM),
+                                                        s_q.reshape(rows))
+    if segments and tokens:
+        kmean[cfg((segments, heads), HEAD_DIM)](k, cu, mu)
+        vk[cfg((segments, heads), HEAD_DIM)](v, cu, v8, s_v)
+    if blocks.shape[0]:
+        kq[cfg((blocks.shape[0], heads), HEAD_DIM)](k, mu, blocks, k8, s_k)

@@ -1,0 +1,30 @@
+"""The attention segment plan: every (query tile, head) once, longest segments first, cached."""
+import numpy as np
+
+from h3kernels import varlen_attention_fp8_plan as P
+
+
+def test_plan_covers_every_query_tile_and_head_once_longest_first():
+    cu = [0, 0, 1, 128, 256, 385, 4481, 4481]  # lengths 0, 1, 127, 128, 129, 4096, 0
+    tiles, block_offset = P.plan_host(cu, 3)
+    lens = np.diff(cu)
+    want = sum(-(-int(n) // 128) for n in lens) * 3
+    assert tiles.shape == (want, 4) and tiles.dtype == np.int32
+    assert len({tuple(r) for r in tiles.tolist()}) == want
+    assert list(tiles[:, 1]) == sorted(tiles[:, 1], reverse=True)
+    segments = {(a, b - a) for a, b in zip(cu, cu[1:])}
+    for start, length, q0, head in tiles.tolist():
+        assert (start, length) in segments
+        assert start <= q0 < start + length and 0 <= head < 3
+    assert block_offset.tolist() == [0, 0, 1, 2, 3, 5, 37, 37]
+
+
+def test_plan_is_cached_per_content_and_heads():
+    a = P.plan_host([0, 10, 300], 56)
+    assert P.plan_host((0, 10, 300), 56) is a
+    assert P.plan_host([0, 10, 300], 8) is not a
+
+
+def test_empty_input_gives_an_empty_plan():
+    tiles, block_offset = P.plan_host([0], 56)
+    assert tiles.shape == (0, 4) and block_offset.tolist() == [0]

@@ -1,0 +1,74 @@
+"""The attention quantization passes (Numba), bitwise against h3kernels.reference: in the CUDA
+simulator without a GPU, on the GPU with one."""
+import numpy as np
+import pytest
+import torch
+
+from h3kernels import reference as R
+from h3kernels import varlen_attention_fp8_quant as Q
+from numba.cuda import config
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+
+def hard_inputs(seqlens, heads):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    t = sum(seqlens)
+    q, k, v = (torch.randn(t, heads, 128, generator=g) for _ in range(3))
+    k = k + 40 * torch.randn(1, heads, 128, generator=g)  # large per-channel offset: smoothing
+    cu = [0] + np.cumsum(seqlens).tolist()
+    long_seg = int(np.argmax(seqlens))
+    if seqlens[long_seg] >= 128 and heads > 1:
+        a = cu[long_seg]
+        k[a:a + 128, 1] = 3.0  # one constant 128-key block for head 1: s_k = 0
+    if t > 8:
+        v[:, 0, 5] = 0  # a zero V channel
+        q[7] = 0  # zero Q rows
+    return q.bfloat16(), k.bfloat16(), v.bfloat16(), cu
+
+
+def run(q, k, v, cu):
+    tokens, heads, _ = q.shape
+    segs = len(cu) - 1
+    blocks = Q.key_blocks(cu)
+    bits = lambda x: x.view(torch.int16).numpy().view(np.uint16)
+    arrays = dict(q=bits(q), k=bits(k), v=bits(v), cu=np.array(cu, np.int64), blocks=blocks,
+                  q8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_q=np.full((tokens, heads), np.nan, np.float32),
+                  mu=np.full((segs, heads, 128), np.nan, np.float32), k8=np.full((tokens, heads, 128), 0x7F, np.uint8),
+                  s_k=np.full((len(blocks), heads), np.nan, np.float32),
+                  v8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_v=np.full((segs, heads, 128), np.nan, np.float32))
+    if SIM:
+        Q.launch(**arrays)
+        return arrays
+    from numba import cuda
+
+    dev = {name: cuda.to_device(a) for name, a in arrays.items()}
+    Q.launch(**dev)
+    return {name: d.copy_to_host() for name, d in dev.items()}
+
+
+def check(seqlens, heads):
+    q, k, v, cu = hard_inputs(seqlens, heads)
+    out = run(q, k, v, cu)
+    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
+    u8 = lambda t: t.view(torch.uint8).numpy()
+    assert np.array_equal(out["q8"], u8(q8)) and np.array_equal(out["s_q"], s_q.numpy())
+    assert np.array_equal(out["k8"], u8(k8))
+    assert np.array_equal(out["v8"], u8(v8))
+    for blk, (seg, first, count) in enumerate(Q.key_blocks(cu)):
+        assert np.array_equal(np.broadcast_to(out["s_k"][blk], (count, heads)), s_k[first:first + count].numpy())
+    for seg, (a, b) in enumerate(zip(cu, cu[1:])):
+        if b > a:
+            assert np.array_equal(out["s_v"][seg], s_v[a].numpy())
+    assert not np.isnan(out["s_k"]).any() and not np.isnan(out["s_v"]).any()
+
+
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
+def test_simulator_passes_equal_the_reference():
+    check([0, 1, 127, 0, 130], heads=2)  # small: the simulator runs ~1,000 threads a second
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens,heads", [([0, 1, 127, 128, 129, 0, 300], 2), ([4096], 8), ([700, 0, 33], 56)])
+def test_gpu_passes_equal_the_reference(seqlens, heads):
+    check(seqlens, heads)
