@@ -144,14 +144,18 @@ def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
     """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
     import cupy
     import numpy as np
+    from cupy_backends.cuda.api import driver
 
     from . import jit
 
+    for name, a, nbytes in (("a_q", a_q, 16), ("w1_q", w1_q, 16), ("y", y, 4)):  # cp.async, u32 stores
+        validate.aligned(name, a, nbytes)
     f = jit.get_function("mlp_fp8", "h3_mlp_fc1", call.device_id, {"H3_MMA_FORM": form})
-    f.max_dynamic_shared_size_bytes = FC1_SMEM_BYTES
     tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
     sms = cupy.cuda.runtime.getDeviceProperties(call.device_id)["multiProcessorCount"]
     ptr = lambda a: np.uint64(dispatch.data_ptr(a))
     with cupy.cuda.Device(call.device_id):
+        # a Module function (unlike a RawKernel) has no attribute setter: ask the driver
+        driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FC1_SMEM_BYTES)
         f((min(tiles, sms),), (FC1_THREADS,), (ptr(a_q), ptr(a_scale), ptr(w1_q), ptr(w1_scale), ptr(y), np.int32(m)),
           shared_mem=FC1_SMEM_BYTES, stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))

@@ -110,9 +110,15 @@ def mlp_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps=1
     return torch.where(valid[:, None], a, torch.zeros_like(a))
 
 
+def exact_dot(a_q, w_q):
+    """The contract's FP32 sum of exact e4m3 products, as close as it gets: summed in float64
+    (exact for up to 2**15 products of this range), then rounded once to FP32."""
+    return (a_q.to(torch.float64) @ w_q.to(torch.float64).T).to(F32)
+
+
 def fc1_swiglu(a_q, a_scale, fc1_weight_q, fc1_weight_scale):
     """y (bf16 [M, 14336], logical columns) from the quantized activation and prepacked FC1 weights."""
-    acc1 = a_q.to(F32) @ fc1_weight_q.to(F32).T  # products of e4m3 values are exact in FP32
+    acc1 = exact_dot(a_q, fc1_weight_q)
     h = bf16((acc1 * a_scale.to(F32)[:, None]) * fc1_weight_scale.to(F32)[None, :])
     logical = torch.empty_like(h)
     logical[:, minimax_h3_fc1_row_order(h.device)] = h
@@ -147,7 +153,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     if workspace_flags is not None:
         workspace_flags.zero_()
 
-    acc2 = y_q.to(F32) @ fc2_weight_q.to(F32).T
+    acc2 = exact_dot(y_q, fc2_weight_q)
     o = bf16((acc2 * s_y[:, None]) * fc2_weight_scale.to(F32)[None, :])
     idx, valid = index_guard(adaln_index, gate.shape[0])
     res = bf16(residual.to(F32) + bf16(gate[idx].to(F32) * o.to(F32)).to(F32))
