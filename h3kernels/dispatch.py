@@ -132,7 +132,7 @@ class Call:
             return t.empty(shape, dtype=tdt, device=f"cuda:{self.device_id}")
         cp = _cupy()
         with self.active():
-            return cp.empty(shape, dtype=_cupy_dtype(dtype))
+            return cp.empty(shape, dtype=cupy_dtype(dtype))
 
 
 def _numba_view(ptr, shape, strides, raw, view, owner):
@@ -172,7 +172,7 @@ def cupy_stream(ptr, device_id):
 
 
 @functools.lru_cache(maxsize=None)
-def _cupy_dtype(dtype):
+def cupy_dtype(dtype):
     """CuPy dtype for new arrays: ml_dtypes types where CuPy and ml_dtypes know them, else raw bits."""
     if dtype in (BF16, E4M3):
         try:

@@ -49,7 +49,7 @@ def _prepare(name, w, shape, quantize):
     with torch.cuda.stream(stream):
         q, s = quantize(t)
         q8 = cupy.from_dlpack(q.view(torch.uint8))
-    return q8.view(dispatch._cupy_dtype(dispatch.E4M3)), cupy.from_dlpack(s)
+    return q8.view(dispatch.cupy_dtype(dispatch.E4M3)), cupy.from_dlpack(s)
 
 
 def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
