@@ -5,6 +5,7 @@ only loading does. The cache key covers the NVRTC version, the options and the t
 source and of every file it includes. The disk cache lives under $H3KERNELS_CACHE_DIR, else
 $XDG_CACHE_HOME/h3kernels, else ~/.cache/h3kernels; nothing is ever written inside the package.
 """
+import functools
 import hashlib
 import os
 import re
@@ -169,10 +170,19 @@ def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=No
     return cubin, log, key
 
 
-def device_cc(device_id):
+@functools.lru_cache(maxsize=None)
+def device_properties(device_id):
+    """cudaGetDeviceProperties, once per device: it is slow and launches need it every call."""
     import cupy
 
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    props = dict(cupy.cuda.runtime.getDeviceProperties(device_id))
+    if isinstance(props.get("name"), bytes):
+        props["name"] = props["name"].decode()
+    return props
+
+
+def device_cc(device_id):
+    props = device_properties(device_id)
     return props["major"], props["minor"]
 
 

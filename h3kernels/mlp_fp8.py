@@ -61,7 +61,8 @@ def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index
     m = x.shape[0]
     if not 1 <= m <= MAX_M:
         validate.fail("x", f"M = {m} rows", f"1 <= M <= {MAX_M} (M * 14336 must stay below 2**31)")
-    validate.array("x", x, dispatch.BF16, (m, HIDDEN))
+    if not validate.is_contiguous(x):
+        validate.fail("x", f"strides {dispatch.strides_elems(x)}", "a contiguous array")
     validate.aligned("x", x, 8)  # read as quads of bf16
     validate.array("x_norm_weight", x_norm_weight, dispatch.BF16, (HIDDEN,))
     validate.aligned("x_norm_weight", x_norm_weight, 8)
@@ -132,11 +133,7 @@ def mma_form(device_id, requested=-1):
     if requested == 2 and arch != "sm_120a":
         validate.fail("fp8_mma_form", 2, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
     if requested == -1:
-        import cupy
-
-        name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
-        name = name.decode() if isinstance(name, bytes) else name
-        return 2 if arch == "sm_120a" and "GeForce" in name else 0
+        return 2 if arch == "sm_120a" and "GeForce" in jit.device_properties(device_id)["name"] else 0
     return requested
 
 
@@ -152,7 +149,7 @@ def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
         validate.aligned(name, a, nbytes)
     f = jit.get_function("mlp_fp8", "h3_mlp_fc1", call.device_id, {"H3_MMA_FORM": form})
     tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
-    sms = cupy.cuda.runtime.getDeviceProperties(call.device_id)["multiProcessorCount"]
+    sms = jit.device_properties(call.device_id)["multiProcessorCount"]
     ptr = lambda a: np.uint64(dispatch.data_ptr(a))
     with cupy.cuda.Device(call.device_id):
         # a Module function (unlike a RawKernel) has no attribute setter: ask the driver

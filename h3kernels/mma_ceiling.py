@@ -31,7 +31,7 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     from .timing import median_ms
 
     with cupy.cuda.Device(device_id):
-        sms = cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
+        sms = jit.device_properties(device_id)["multiProcessorCount"]
         blocks, threads = sms * 8, 128
         sink = cupy.zeros(blocks * threads, dtype=cupy.float32)
         f = jit.get_function("mma_ceiling", "h3_mma_ceiling", device_id, {"H3_MMA_FORM": form})

@@ -43,12 +43,6 @@ def quantize_rows(v):
     return q, s
 
 
-def _quantize_weight_rows(w):
-    w = w.to(F32)
-    q, s = quantize_rows(w)
-    return q, s
-
-
 # --- MLP ------------------------------------------------------------------------------
 
 def minimax_h3_fc1_row_order(device=None):
@@ -60,14 +54,14 @@ def prepare_minimax_h3_fc1_weight_fp8(w1):
     if tuple(w1.shape) != (FC1_OUT, HIDDEN):
         raise ValueError(f"w1: got shape {tuple(w1.shape)}, need ({FC1_OUT}, {HIDDEN})")
     order = minimax_h3_fc1_row_order(w1.device)
-    return _quantize_weight_rows(w1[order])
+    return quantize_rows(w1[order])
 
 
 def prepare_minimax_h3_fc2_weight_fp8(w2):
     """w2 [5376, 14336] -> (e4m3 q, f32 scale) in logical row order."""
     if tuple(w2.shape) != (HIDDEN, FFN):
         raise ValueError(f"w2: got shape {tuple(w2.shape)}, need ({HIDDEN}, {FFN})")
-    return _quantize_weight_rows(w2)
+    return quantize_rows(w2)
 
 
 def sum_of_squares(x):

@@ -27,7 +27,7 @@ def _build():
     from .fp8_bits import primitives
 
     p = primitives()
-    f32_from_bf16, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3x2_from_f32, p.div_rn
+    f32_from_bf16, e4m3, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
 
     @cuda.jit
     def q_kernel(q, q8, s_q):
@@ -84,7 +84,7 @@ def _build():
         for t in range(first, first + count):
             code = 0
             if s > float32(0.0):
-                code = e4m3x2(div_rn(float32(f32_from_bf16(k[t, h, c]) - m), s), float32(0.0)) & 0xFF
+                code = e4m3(div_rn(float32(f32_from_bf16(k[t, h, c]) - m), s))
             k8[t, h, c] = code
         if c == 0:
             s_k[blk, h] = s
@@ -101,7 +101,7 @@ def _build():
         for t in range(a, b):
             code = 0
             if s > float32(0.0):
-                code = e4m3x2(div_rn(f32_from_bf16(v[t, h, c]), s), float32(0.0)) & 0xFF
+                code = e4m3(div_rn(f32_from_bf16(v[t, h, c]), s))
             v8[t, h, c] = code
         s_v[seg, h, c] = s
 
