@@ -18,7 +18,7 @@ MMA_FORMS = {"sm_120a": (0, 1, 2), "sm_90": (0,), "sm_89": (0,)}
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # get_function holds it while compile_cubin takes it again
 _modules = {}
 
 

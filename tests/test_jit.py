@@ -68,3 +68,20 @@ def test_ptxas_log_parsing():
            "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
            "ptxas info    : Used 96 registers, used 1 barriers, 73728 bytes smem\n")
     assert compile_check.parse_ptxas(log) == {"k": dict(regs=96, smem=73728, stack=8, spill_st=4, spill_ld=4)}
+
+
+def test_compiling_under_the_module_lock_does_not_deadlock(sandbox):
+    # get_function compiles while it holds jit._lock, and compile_cubin takes the lock again
+    # (through nvrtc()). A plain Lock hung every GPU test here; run it in a thread to fail, not hang.
+    import threading
+
+    done = []
+
+    def compile_locked():
+        with jit._lock:
+            done.append(jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0}, use_cache=False)[0][:4])
+
+    t = threading.Thread(target=compile_locked, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert done == [b"\x7fELF"], "compile_cubin blocked on jit._lock held by its caller"
