@@ -15,6 +15,10 @@
 #define STAGES 3
 #define THREADS 256  // 8 warps: 2 along M x 4 along N, 64 x 32 outputs each
 #define GROUP_M 16
+#define PRODUCERS 64  // FC2: 2 warps that quantize y
+#define CHUNK_COLS 1024  // FC2: y columns per ready flag
+#define CHUNK_SLICES (CHUNK_COLS / BK)
+#define GROUP_ROWS 16  // FC2: rows of y one producer claim quantizes
 #define HIDDEN 5376
 #define FFN 14336
 #define FC1_OUT 28672
@@ -42,6 +46,8 @@ __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2,
 }
 
 // Loads the K slice [k0, k0 + BK) of the tile's A rows (m0 ...) and B rows (n0 ...) into a stage.
+// K is the row pitch of both operands; consumer threads 0 .. THREADS-1 share the copies.
+template <int K>
 __device__ __forceinline__ void load_stage(u8* stage, const u8* __restrict__ a, const u8* __restrict__ b, int m0,
                                            int n0, int k0, int M) {
   const u32 base = smem_u32(stage);
@@ -49,15 +55,119 @@ __device__ __forceinline__ void load_stage(u8* stage, const u8* __restrict__ a, 
   for (int i = 0; i < (BM * BK / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
     const int m = m0 + row;
-    const u8* src = a + (i64)(m < M ? m : 0) * HIDDEN + k0 + chunk * 16;
+    const u8* src = a + (i64)(m < M ? m : 0) * K + k0 + chunk * 16;
     cp_async_16(base + swizzled(row, chunk), src, m < M ? 16 : 0);
   }
 #pragma unroll
   for (int i = 0; i < (BN * BK / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
-    const u8* src = b + (i64)(n0 + row) * HIDDEN + k0 + chunk * 16;
+    const u8* src = b + (i64)(n0 + row) * K + k0 + chunk * 16;
     cp_async_16(base + BM * BK + swizzled(row, chunk), src, 16);
   }
+}
+
+// FC2 runs producer warps beside the GEMM warps, so its GEMM warps meet at a named barrier
+// that the producers never join; FC1 has only GEMM warps.
+template <bool kProducers>
+__device__ __forceinline__ void gemm_sync() {
+  if (kProducers)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+  else
+    __syncthreads();
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The tile at position `tile` of the persistent walk: bands of GROUP_M m-tiles, m fastest inside
+// a band, so that the tiles in flight share their operands in L2 (and, in FC2, the first tiles
+// need the first rows of y that the producers quantize first).
+__device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, int& m0, int& n0) {
+  const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
+  const int band_m = min(GROUP_M, m_tiles - first_m);
+  const int in_band = tile - band * GROUP_M * n_tiles;
+  m0 = (first_m + in_band % band_m) * BM;
+  n0 = (in_band / band_m) * BN;
+}
+
+// acc = A[m0 .. m0+BM) . B[n0 .. n0+BN)^T over K bytes of e4m3. With ready != nullptr (FC2),
+// the K slices of chunk c are read only once ready[c] has reached `need`.
+template <int K, bool kProducers>
+__device__ __forceinline__ void gemm_tile(float (&acc)[4][4][4], u8* smem, const u8* __restrict__ a,
+                                          const u8* __restrict__ b, int m0, int n0, int M, const int* ready,
+                                          int need) {
+  constexpr int KT = K / BK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp >> 2, warp_n = warp & 3;  // 2 x 4 warps
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
+
+  auto wait_ready = [&](int slice) {
+    if (kProducers && slice % CHUNK_SLICES == 0)
+      while (load_acquire(ready + slice / CHUNK_SLICES) < need) __nanosleep(128);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    wait_ready(s);
+    load_stage<K>(smem + s * STAGE_BYTES, a, b, m0, n0, s * BK, M);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    gemm_sync<kProducers>();  // stage kt is visible to all; stage kt - 1 is free for the next load
+    const int next = kt + STAGES - 1;
+    if (next < KT) {
+      wait_ready(next);
+      load_stage<K>(smem + (next % STAGES) * STAGE_BYTES, a, b, m0, n0, next * BK, M);
+    }
+    cp_async_commit();
+
+    const u8* stage = smem + (kt % STAGES) * STAGE_BYTES;
+    const u32 a_base = smem_u32(stage), b_base = smem_u32(stage + BM * BK);
+#if H3_MMA_FORM == 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#pragma unroll 1  // sm_90 emulates each mma with conversions and FADDs: unrolled, it spills
+#else
+#pragma unroll
+#endif
+    for (int ks = 0; ks < BK / 32; ++ks) {
+      // ldmatrix lane roles: matrix q = lane / 8 takes its row from lane % 8.
+      const int q = lane >> 3, rr = lane & 7;
+      u32 bf[4][2];
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const int row = warp_n * 32 + nj * 16 + rr + 8 * (q >> 1);
+        const int chunk = ks * 2 + (q & 1);
+        ldmatrix_x4(b_base + swizzled(row, chunk), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0],
+                    bf[2 * nj + 1][1]);
+      }
+      // Two m16 fragments of A at a time: on sm_90, where the e4m3 mma is emulated through
+      // half precision, all four (plus their converted copies) would not fit in registers.
+#pragma unroll
+      for (int mh = 0; mh < 2; ++mh) {
+        u32 af[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = warp_m * 64 + (2 * mh + i) * 16 + rr + 8 * (q & 1);
+          const int chunk = ks * 2 + (q >> 1);
+          ldmatrix_x4(a_base + swizzled(row, chunk), af[i][0], af[i][1], af[i][2], af[i][3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int ni = 0; ni < 4; ++ni) mma_e4m3_16832(acc[2 * mh + i][ni], af[i], bf[ni]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  gemm_sync<kProducers>();  // the ring is reused by the next tile
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
@@ -67,78 +177,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                const float* __restrict__ w1_scale, u16* __restrict__ y, int M) {
   extern __shared__ __align__(128) u8 smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warp_m = warp >> 2, warp_n = warp & 3;  // 2 x 4 warps
+  const int warp_m = warp >> 2, warp_n = warp & 3;
   const int g = lane >> 2, t = lane & 3;
   const int m_tiles = (M + BM - 1) / BM, n_tiles = FC1_OUT / BN;
-  const int tiles = m_tiles * n_tiles;
-  constexpr int KT = HIDDEN / BK;
 
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    // Bands of GROUP_M m-tiles; inside a band, m varies fastest.
-    const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
-    const int band_m = min(GROUP_M, m_tiles - first_m);
-    const int in_band = tile - band * GROUP_M * n_tiles;
-    const int m0 = (first_m + in_band % band_m) * BM, n0 = (in_band / band_m) * BN;
-
+  for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
+    int m0, n0;
+    tile_origin(tile, m_tiles, n_tiles, m0, n0);
     float acc[4][4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      load_stage(smem + s * STAGE_BYTES, a_q, w1_q, m0, n0, s * BK, M);
-      cp_async_commit();
-    }
-
-    for (int kt = 0; kt < KT; ++kt) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // stage kt is visible to all; stage kt - 1 is free for the next load
-      const int next = kt + STAGES - 1;
-      if (next < KT) load_stage(smem + (next % STAGES) * STAGE_BYTES, a_q, w1_q, m0, n0, next * BK, M);
-      cp_async_commit();
-
-      const u8* stage = smem + (kt % STAGES) * STAGE_BYTES;
-      const u32 a_base = smem_u32(stage), b_base = smem_u32(stage + BM * BK);
-#if H3_MMA_FORM == 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#pragma unroll 1  // sm_90 emulates each mma with conversions and FADDs: unrolled, it spills
-#else
-#pragma unroll
-#endif
-      for (int ks = 0; ks < BK / 32; ++ks) {
-        // ldmatrix lane roles: matrix q = lane / 8 takes its row from lane % 8.
-        const int q = lane >> 3, rr = lane & 7;
-        u32 bf[4][2];
-#pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-          const int row = warp_n * 32 + nj * 16 + rr + 8 * (q >> 1);
-          const int chunk = ks * 2 + (q & 1);
-          ldmatrix_x4(b_base + swizzled(row, chunk), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0],
-                      bf[2 * nj + 1][1]);
-        }
-        // Two m16 fragments of A at a time: on sm_90, where the e4m3 mma is emulated through
-        // half precision, all four (plus their converted copies) would not fit in registers.
-#pragma unroll
-        for (int mh = 0; mh < 2; ++mh) {
-          u32 af[2][4];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int row = warp_m * 64 + (2 * mh + i) * 16 + rr + 8 * (q & 1);
-            const int chunk = ks * 2 + (q >> 1);
-            ldmatrix_x4(a_base + swizzled(row, chunk), af[i][0], af[i][1], af[i][2], af[i][3]);
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) mma_e4m3_16832(acc[2 * mh + i][ni], af[i], bf[ni]);
-        }
-      }
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // the ring is reused by the next tile
+    gemm_tile<HIDDEN, false>(acc, smem, a_q, w1_q, m0, n0, M, nullptr, 0);
 
     // Epilogue: n8 fragments (0, 1) and (2, 3) are the gate and up rows of 8 logical columns.
 #pragma unroll
@@ -162,6 +209,146 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
           const int col = (pg / 16) * 8 + (pg % 8);  // logical y column of pg
           *reinterpret_cast<u32*>(y + (i64)row * FFN + col) = packed;
+        }
+      }
+    }
+  }
+}
+
+// --- FC2: y quantization (producer warps) + GEMM + gate and residual epilogue ----------------
+//   y_scale[m] = RN(amax_c |y[m, c]| / 448);  y_q = e4m3(RN(y / y_scale)), 0 where y_scale = 0
+//   o = bf16((acc * y_scale[m]) * w2_scale[j]);  out = bf16(residual + bf16(gate[i] * o))
+// flags (zeroed before the launch): flags[0] hands out groups of GROUP_ROWS rows to the
+// producers in row order; flags[1 + tile * CHUNKS + c] counts the groups of 128-row tile `tile`
+// whose y_q columns of chunk c are written. Only running producers claim groups and they never
+// wait on the GEMM warps, so the GEMM warps' waits always end, whatever CTAs are resident.
+#define CHUNKS (FFN / CHUNK_COLS)
+
+__device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(PRODUCERS) : "memory"); }
+
+// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
+// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
+__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
+
+__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
+  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
+  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
+  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
+  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
+}
+
+__device__ void produce_y_q(const u16* __restrict__ y, u8* __restrict__ y_q, float* __restrict__ y_scale,
+                            int* flags, int M) {
+  __shared__ int claimed;
+  __shared__ float scales[GROUP_ROWS];
+  const int p = threadIdx.x - THREADS, lane = p & 31, pw = p >> 5;
+  const int groups = (M + GROUP_ROWS - 1) / GROUP_ROWS;
+  constexpr int ROWS = GROUP_ROWS / (PRODUCERS / 32);  // rows per producer warp
+  for (;;) {
+    if (p == 0) claimed = atomicAdd(flags, 1);
+    producers_sync();
+    const int group = claimed;
+    producers_sync();  // both warps have read `claimed` before it is overwritten
+    if (group >= groups) return;
+    const int row0 = group * GROUP_ROWS + pw * ROWS, tile = group * GROUP_ROWS / BM;
+
+    float* scale = scales + pw * ROWS;
+#pragma unroll 1
+    for (int r = 0; r < ROWS; ++r) {
+      const int row = row0 + r;
+      u32 m = 0;
+      if (row < M) {
+        const uint4* src = reinterpret_cast<const uint4*>(y + (i64)row * FFN) + lane;
+#pragma unroll 8
+        for (int i = 0; i < FFN / 256; ++i) {  // 32 lanes x 8 bf16 per step
+          const uint4 v = __ldg(src + i * 32);
+          m = abs_max2(abs_max2(m, v.x), v.y);
+          m = abs_max2(abs_max2(m, v.z), v.w);
+        }
+      }
+      m = max(m & 0xFFFFu, m >> 16);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      const float s = __fdiv_rn(f32_from_bf16((u16)m), 448.f);
+      if (lane == 0) {
+        scale[r] = s;
+        if (row < M) y_scale[row] = s;
+      }
+    }
+
+    __syncwarp();
+#pragma unroll 1
+    for (int c = 0; c < CHUNKS; ++c) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + r;
+        if (row >= M) break;
+        const float sr = scale[r];
+        const uint4* src = reinterpret_cast<const uint4*>(y + (i64)row * FFN + c * CHUNK_COLS) + lane;
+        uint2* dst = reinterpret_cast<uint2*>(y_q + (i64)row * FFN + c * CHUNK_COLS) + lane;
+#pragma unroll
+        for (int i = 0; i < CHUNK_COLS / 256; ++i) {
+          const uint4 v = __ldg(src + i * 32);
+          dst[i * 32] = make_uint2(e4m3x4_from_bf16x4(v.x, v.y, sr), e4m3x4_from_bf16x4(v.z, v.w, sr));
+        }
+      }
+      __threadfence();
+      producers_sync();
+      if (p == 0) {
+        __threadfence();
+        atomicAdd(flags + 1 + tile * CHUNKS + c, 1);
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
+    h3_mlp_fc2(const u16* __restrict__ y, u8* y_q, float* y_scale, const u8* __restrict__ w2_q,
+               const float* __restrict__ w2_scale, const u16* __restrict__ gate, i64 gate_stride, i64 gate_rows,
+               const i64* __restrict__ adaln_index, const u16* residual, u16* out, int* flags, int M) {
+  extern __shared__ __align__(128) u8 smem[];
+  if (threadIdx.x >= THREADS) {
+    produce_y_q(y, y_q, y_scale, flags, M);
+    return;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp >> 2, warp_n = warp & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int m_tiles = (M + BM - 1) / BM, n_tiles = HIDDEN / BN;
+
+  for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
+    int m0, n0;
+    tile_origin(tile, m_tiles, n_tiles, m0, n0);
+    const int need = min(BM, M - m0 + GROUP_ROWS - 1) / GROUP_ROWS;  // producer groups in this m-tile
+    float acc[4][4][4];
+    gemm_tile<FFN, true>(acc, smem, y_q, w2_q, m0, n0, M, flags + 1 + (m0 / BM) * CHUNKS, need);
+
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warp_m * 64 + mi * 16 + g + 8 * half;
+        if (row >= M) continue;
+        const float sy = __ldcg(y_scale + row);  // written by a producer during this launch
+        const i64 idx = adaln_index[row];
+        const bool guarded = idx < 0 || idx >= gate_rows;
+        const u16* gate_row = gate + (guarded ? 0 : idx) * gate_stride;
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          const int col = n0 + warp_n * 32 + ni * 8 + 2 * t;
+          const i64 at = (i64)row * HIDDEN + col;
+          const u32 res = *reinterpret_cast<const u32*>(residual + at);  // read before out (may alias) is written
+          u32 packed = res;
+          if (!guarded) {
+            packed = 0;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float o = round_bf16((acc[mi][ni][2 * half + e] * sy) * w2_scale[col + e]);
+              const float go = round_bf16(f32_from_bf16(gate_row[col + e]) * o);
+              packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res >> (16 * e))) + go) << (16 * e);
+            }
+          }
+          *reinterpret_cast<u32*>(out + at) = packed;
         }
       }
     }

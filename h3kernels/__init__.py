@@ -3,18 +3,20 @@
 Public names follow ../shared/spec/contract.md. CuPy and Numba are imported on first use, so
 `import h3kernels` works without a GPU.
 """
-from .mlp_fp8 import (minimax_h3_mlp_fp8_row_stage, prepare_minimax_h3_fc1_weight_fp8,
+from .mlp_fp8 import (minimax_h3_mlp_fp8, minimax_h3_mlp_fp8_row_stage, prepare_minimax_h3_fc1_weight_fp8,
                       prepare_minimax_h3_fc2_weight_fp8)
 from .reference import minimax_h3_fc1_row_order
 from .shapes import FFN, HEAD_DIM, HIDDEN, MAX_M, fc2_flag_count
 
 __version__ = "0.1.0"
 __all__ = ["FFN", "HEAD_DIM", "HIDDEN", "MAX_M", "minimax_h3_fc1_row_order", "minimax_h3_mlp_fc2_flags",
+           "minimax_h3_mlp_fp8", "minimax_h3_mlp_fp8_sm120",
            "minimax_h3_mlp_fc2_flags_sm120", "minimax_h3_mlp_fp8_row_stage", "prepare_minimax_h3_fc1_weight_fp8",
            "prepare_minimax_h3_fc2_weight_fp8"]
 
-# Still to come (see the issues): minimax_h3_mlp_fp8, minimax_h3_varlen_attention_fp8 and
-# workspace_bytes. Their definitions, on the CPU, are in h3kernels.reference.
+# Still to come (see the issues): minimax_h3_varlen_attention_fp8 and workspace_bytes. Their
+# definitions, on the CPU, are in h3kernels.reference.
+minimax_h3_mlp_fp8_sm120 = minimax_h3_mlp_fp8
 
 
 def minimax_h3_mlp_fc2_flags(m):

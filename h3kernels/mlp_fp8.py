@@ -1,7 +1,8 @@
-"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md). Built so far: the weight
-preparation and the row stage (RMSNorm + indexed AdaLN + per-token e4m3 quantization)."""
+"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md): the weight preparation, the row
+stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
+FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
 from . import dispatch, reference, validate
-from .shapes import FC1_OUT, FFN, HIDDEN, MAX_M
+from .shapes import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
 _WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -113,13 +114,12 @@ def row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adal
             adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale))
 
 
-# --- FC1 GEMM + SwiGLU (cuda_src/mlp_fp8.cu) ------------------------------------------------
-# Not yet part of the public operator: it has been compiled and resource-checked for sm_120a
-# and sm_90, and its GPU test (tests/test_mlp_fp8.py) is still to be run.
+# --- the GEMMs (cuda_src/mlp_fp8.cu) ----------------------------------------------------------
 
 FC1_TILE = (128, 128, 128)  # BM, BN, BK (bytes of K), as the #defines of cuda_src/mlp_fp8.cu
 FC1_STAGES = 3
-FC1_THREADS = 256
+FC1_THREADS = 256  # GEMM warps; FC2 adds FC2_PRODUCERS threads that quantize y
+FC2_PRODUCERS = 64
 FC1_SMEM_BYTES = FC1_STAGES * (FC1_TILE[0] + FC1_TILE[1]) * FC1_TILE[2]
 
 
@@ -137,22 +137,137 @@ def mma_form(device_id, requested=-1):
     return requested
 
 
-def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
-    """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
+def _launch_gemm(call, kernel, form, tiles, threads, args):
+    """One persistent GEMM launch (min(tiles, SMs) CTAs) on the call's stream."""
     import cupy
     import numpy as np
     from cupy_backends.cuda.api import driver
 
     from . import jit
 
-    for name, a, nbytes in (("a_q", a_q, 16), ("w1_q", w1_q, 16), ("y", y, 4)):  # cp.async, u32 stores
-        validate.aligned(name, a, nbytes)
-    f = jit.get_function("mlp_fp8", "h3_mlp_fc1", call.device_id, {"H3_MMA_FORM": form})
-    tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
+    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form})
     sms = jit.device_properties(call.device_id)["multiProcessorCount"]
-    ptr = lambda a: np.uint64(dispatch.data_ptr(a))
+    args = tuple(np.uint64(dispatch.data_ptr(a)) if dispatch.kind_of(a) else a for a in args)
     with cupy.cuda.Device(call.device_id):
         # a Module function (unlike a RawKernel) has no attribute setter: ask the driver
         driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FC1_SMEM_BYTES)
-        f((min(tiles, sms),), (FC1_THREADS,), (ptr(a_q), ptr(a_scale), ptr(w1_q), ptr(w1_scale), ptr(y), np.int32(m)),
-          shared_mem=FC1_SMEM_BYTES, stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))
+        f((min(tiles, sms),), (threads,), args, shared_mem=FC1_SMEM_BYTES,
+          stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))
+
+
+def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
+    import numpy as np
+
+    for name, a, nbytes in (("a_q", a_q, 16), ("w1_q", w1_q, 16), ("y", y, 16)):  # cp.async, 16-byte loads
+        validate.aligned(name, a, nbytes)
+    tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
+    _launch_gemm(call, "h3_mlp_fc1", form, tiles, FC1_THREADS, (a_q, a_scale, w1_q, w1_scale, y, np.int32(m)))
+
+
+def _launch_fc2(call, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags, m, form):
+    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero."""
+    import numpy as np
+
+    for name, a, nbytes in (("y", y, 16), ("y_q", y_q, 16), ("w2_q", w2_q, 16), ("residual", residual, 4),
+                            ("out", out, 4)):
+        validate.aligned(name, a, nbytes)
+    tiles = -(-m // FC1_TILE[0]) * (HIDDEN // FC1_TILE[1])
+    gate_stride = np.int64(dispatch.strides_elems(gate)[0])
+    _launch_gemm(call, "h3_mlp_fc2", form, tiles, FC1_THREADS + FC2_PRODUCERS,
+                 (y, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, np.int64(gate.shape[0]), adaln_index,
+                  residual, out, flags, np.int32(m)))
+
+
+def _zero(call, a):
+    """Stream-ordered memset of a's bytes (the FC2 flags)."""
+    import cupy
+
+    nbytes = int(a.numel() * a.element_size()) if call.kind == "torch" else int(a.nbytes)
+    with cupy.cuda.Device(call.device_id):
+        cupy.cuda.runtime.memsetAsync(dispatch.data_ptr(a), 0, nbytes, call.stream_ptr)
+
+
+def _span(a):
+    """[first byte, one past the last byte) of the memory a's elements occupy."""
+    itemsize = a.element_size() if dispatch.kind_of(a) == "torch" else a.itemsize
+    lo = dispatch.data_ptr(a)
+    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, dispatch.strides_elems(a))))
+
+
+def _check_no_overlap(written, read, may_alias=()):
+    """Every array the operator writes must not share memory with another array of the call,
+    except `out`, which may be exactly one of `may_alias` (the epilogue reads a residual element
+    before it writes that element)."""
+    arrays = {**written, **read}
+    for wn, w in written.items():
+        wlo, whi = _span(w)
+        for other, o in arrays.items():
+            if other == wn:
+                continue
+            olo, ohi = _span(o)
+            if wlo < ohi and olo < whi:
+                if (wn, other) in may_alias and (wlo, whi) == (olo, ohi) and tuple(w.shape) == tuple(o.shape):
+                    continue
+                validate.fail(wn, f"memory that overlaps {other}",
+                              "its own memory" + (" (out may be residual or x)" if wn == "out" else ""))
+
+
+def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual,
+                      fc1_weight_q, fc1_weight_scale, fc2_weight_q, fc2_weight_scale, *, out=None,
+                      workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
+                      workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
+    """The fused W8A8 MLP block of MiniMax-H3 (contract.md): returns out, bf16 [M, 5376], of the
+    caller's kind. Three launches and one memset on the caller's current stream, no host sync.
+    Workspaces, when given, receive a_q, a_scale, y, y_q and y_scale (h3kernels.reference
+    fills the same ones); out may be residual or x."""
+    inputs = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
+                  adaln_index=adaln_index, gate=gate, residual=residual, fc1_weight_q=fc1_weight_q,
+                  fc1_weight_scale=fc1_weight_scale, fc2_weight_q=fc2_weight_q, fc2_weight_scale=fc2_weight_scale)
+    given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
+                 workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
+                 workspace_flags=workspace_flags)
+    call = dispatch.Call({**inputs, **given})
+    eps = check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
+                               workspace_a_q, workspace_a_scale)
+    m = x.shape[0]
+    validate.table("gate", gate, HIDDEN)
+    if gate.shape[0] != adaln_scale.shape[0]:
+        validate.fail("gate", f"{gate.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
+    validate.array("residual", residual, dispatch.BF16, (m, HIDDEN))
+    validate.array("fc1_weight_q", fc1_weight_q, dispatch.E4M3, (FC1_OUT, HIDDEN))
+    validate.array("fc1_weight_scale", fc1_weight_scale, dispatch.F32, (FC1_OUT,))
+    validate.array("fc2_weight_q", fc2_weight_q, dispatch.E4M3, (HIDDEN, FFN))
+    validate.array("fc2_weight_scale", fc2_weight_scale, dispatch.F32, (HIDDEN,))
+    for name, shape, dtype in (("out", (m, HIDDEN), dispatch.BF16), ("workspace_y", (m, FFN), dispatch.BF16),
+                               ("workspace_y_q", (m, FFN), dispatch.E4M3), ("workspace_y_scale", (m,), dispatch.F32),
+                               ("workspace_flags", (fc2_flag_count(m),), dispatch.I32)):
+        if given[name] is not None:
+            validate.array(name, given[name], dtype, shape)
+    for name, a, nbytes in (("residual", residual, 4), ("out", out, 4), ("fc1_weight_q", fc1_weight_q, 16),
+                            ("fc2_weight_q", fc2_weight_q, 16), ("workspace_y", workspace_y, 16),
+                            ("workspace_y_q", workspace_y_q, 16), ("workspace_a_q", workspace_a_q, 16)):
+        if a is not None:
+            validate.aligned(name, a, nbytes)
+    form = mma_form(call.device_id, fp8_mma_form)
+    _check_no_overlap({k: v for k, v in given.items() if v is not None}, inputs,
+                      may_alias={("out", "residual"), ("out", "x")})
+
+    a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
+    a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
+    y = workspace_y if workspace_y is not None else call.empty((m, FFN), dispatch.BF16)
+    y_q = workspace_y_q if workspace_y_q is not None else call.empty((m, FFN), dispatch.E4M3)
+    y_scale = workspace_y_scale if workspace_y_scale is not None else call.empty((m,), dispatch.F32)
+    flags = workspace_flags if workspace_flags is not None else call.empty((fc2_flag_count(m),), dispatch.I32)
+    out = out if out is not None else call.empty((m, HIDDEN), dispatch.BF16)
+
+    from . import mlp_fp8_row
+
+    with call.numba_device():
+        args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
+        mlp_fp8_row.launch(*args, stream=call.numba_stream())
+    _zero(call, flags)
+    _launch_fc1(call, a_q, a_scale, fc1_weight_q, fc1_weight_scale, y, m, form)
+    _launch_fc2(call, y, y_q, y_scale, fc2_weight_q, fc2_weight_scale, gate, adaln_index, residual, out, flags,
+                m, form)
+    return out

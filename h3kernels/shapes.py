@@ -28,13 +28,14 @@ def fc1_row_order_numpy():
     return logical + FFN * (lane >= FC1_PAIR_GROUP)
 
 
-# FC2 tile-ready flags: one int32 per (128-row tile of y, 1024-column chunk of y).
+# FC2 flags (cuda_src/mlp_fp8.cu): one int32 that hands out row groups to the producer warps,
+# then one per (128-row tile of y, 1024-column chunk of y) counting the groups quantized there.
 FC2_FLAG_ROWS = 128
 FC2_FLAG_COLS = 1024
 
 
 def fc2_flag_count(m):
-    return -(-int(m) // FC2_FLAG_ROWS) * (FFN // FC2_FLAG_COLS)
+    return 1 + -(-int(m) // FC2_FLAG_ROWS) * (FFN // FC2_FLAG_COLS)
 
 
 def mlp_flops(m):

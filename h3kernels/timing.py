@@ -54,3 +54,29 @@ def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
     with call.numba_device():
         launches()
         return median_ms(launches, warmup=2, reps=reps) / batch
+
+
+def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
+    """Median over `reps` of (time of `batch` back-to-back fn() calls between one pair of CUDA
+    events) / batch. Each call's host work overlaps the previous call's GPU work, so per-call
+    host latency drops out once the GPU time per call exceeds it (median_ms includes it: the GPU
+    is idle when each of its runs starts); the first call of a batch still adds 1/batch of it.
+    setup(i) runs before call i inside the timed region: keep it host-only (pick an input set)."""
+    import torch
+
+    for i in range(warmup * batch):
+        if setup:
+            setup(i)
+        fn()
+    times = []
+    for r in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for b in range(batch):
+            if setup:
+                setup(r * batch + b)
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / batch)
+    return statistics.median(times)

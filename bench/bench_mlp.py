@@ -1,0 +1,490 @@
+"""Times minimax_h3_mlp_fp8 end to end against torch peers and the e4m3 mma.sync ceiling, all in one run.
+
+python bench/bench_mlp.py [--rows 256 2048 16384 65536] [--quick] [--json PATH] [--no-compile]
+
+Per M (default 256, 2048, 16384, 65536), on the current GPU:
+  ours         h3kernels.minimax_h3_mlp_fp8 with caller workspaces and out (nothing allocated per call)
+  bf16 eager   torch: RMSNorm + AdaLN, x @ w1^T, silu(gate) * up, @ w2^T, gated residual (bf16 matmuls)
+  fp8 eager    torch: the same with per-token e4m3 quantization of a and y in torch and
+               torch._scaled_mm rowwise (scale_a [M, 1], scale_b [1, N] f32, bf16 out)
+  fp8 compile  torch.compile (default mode) of the fp8 eager function, M marked dynamic (one compile)
+  GEMMs        the two bare _scaled_mm calls of fp8 eager (pre-quantized inputs), nothing else
+  ceiling      h3kernels.mma_ceiling.measure_tflops for the mma form the operator uses
+Every figure is a CUDA-event median after warm-up, with input sets rotated so that they exceed
+3x the L2 cache (the weights, 231 MB in e4m3, are shared: they exceed L2 by themselves). Two
+times per method: "call" (median_ms: one call, GPU idle at its start, so host latency included)
+and "stream" (median_ms_batched: back-to-back calls, host work overlapped). TFLOP/s and every
+ratio use the stream time; FLOPs = 2*M*5376*28672 + 2*M*14336*5376 for every method.
+The last lines of output are a table and a one-line JSON summary.
+"""
+import argparse
+import datetime
+import gc
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from h3kernels import reference as R
+from h3kernels.demo import make_row_inputs
+from h3kernels.shapes import FFN, HIDDEN, mlp_flops
+from h3kernels.timing import median_ms, median_ms_batched
+
+E4 = torch.float8_e4m3fn
+BF = torch.bfloat16
+ADALN_ROWS = 50
+T0 = time.time()
+
+
+def log(msg):
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def short(err, n=240):
+    s = f"{type(err).__name__}: {err}".replace("\n", " ")
+    return s if len(s) <= n else s[:n] + " ..."
+
+
+# --- torch peers -------------------------------------------------------------------------
+
+def guard(idx, rows):
+    valid = (idx >= 0) & (idx < rows)
+    return torch.where(valid, idx, torch.zeros_like(idx)), valid
+
+
+def row_stage(x, wn, sc, sh, i, eps):
+    """a = bf16 AdaLN(RMSNorm(x)): FP32 mean of squares and rsqrt, then bf16 arithmetic."""
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(BF) * wn
+    return n * (1 + sc[i]) + sh[i]
+
+
+def quant_rows(v):
+    """Per-token e4m3: s = amax / 448 (f32 [M, 1]), q = e4m3(clamp(v / s)); zero rows give q = 0."""
+    s = (v.abs().amax(dim=-1, keepdim=True).float() / 448.0).clamp_min(1e-12)
+    return (v.float() / s).clamp(-448.0, 448.0).to(E4), s
+
+
+def swiglu(h):
+    return F.silu(h[:, :FFN]) * h[:, FFN:]
+
+
+def gated_residual(res, gate, i, valid, o):
+    return res + torch.where(valid[:, None], gate[i], torch.zeros((), dtype=gate.dtype, device=gate.device)) * o
+
+
+def mlp_bf16(x, wn, sc, sh, idx, gate, res, w1, w2, eps=1e-5):
+    i, valid = guard(idx, sc.shape[0])
+    a = row_stage(x, wn, sc, sh, i, eps)
+    return gated_residual(res, gate, i, valid, swiglu(a @ w1.t()) @ w2.t())
+
+
+def fc1_fp8(a_q, s_a, w1q, w1s):
+    return torch._scaled_mm(a_q, w1q.t(), scale_a=s_a, scale_b=w1s, out_dtype=BF)
+
+
+def fc2_fp8(y_q, s_y, w2q, w2s):
+    return torch._scaled_mm(y_q, w2q.t(), scale_a=s_y, scale_b=w2s, out_dtype=BF)
+
+
+def mlp_fp8(x, wn, sc, sh, idx, gate, res, w1q, w1s, w2q, w2s, eps=1e-5):
+    """w1q [28672, 5376] e4m3 in logical order (gate rows, then up rows), w1s [1, 28672] f32;
+    w2q [5376, 14336] e4m3, w2s [1, 5376] f32. Weights go to _scaled_mm column-major (w.t())."""
+    i, valid = guard(idx, sc.shape[0])
+    a_q, s_a = quant_rows(row_stage(x, wn, sc, sh, i, eps))
+    y_q, s_y = quant_rows(swiglu(fc1_fp8(a_q, s_a, w1q, w1s)))
+    return gated_residual(res, gate, i, valid, fc2_fp8(y_q, s_y, w2q, w2s))
+
+
+def fp8_gemm_inputs(x, wn, sc, sh, idx, gate, res, w1q, w1s, w2q, w2s, eps=1e-5):
+    """The two _scaled_mm operand sets of mlp_fp8 for one input set (untimed)."""
+    i, _ = guard(idx, sc.shape[0])
+    a_q, s_a = quant_rows(row_stage(x, wn, sc, sh, i, eps))
+    y_q, s_y = quant_rows(swiglu(fc1_fp8(a_q, s_a, w1q, w1s)))
+    return a_q, s_a, y_q, s_y
+
+
+# --- the operator under test ---------------------------------------------------------------
+
+def load_op():
+    """(op, None) or (None, why): imported lazily so that the peers still run without it."""
+    try:
+        import h3kernels
+
+        return h3kernels.minimax_h3_mlp_fp8, None
+    except Exception as err:
+        return None, "not available: " + short(err)
+
+
+def op_form(dev, requested):
+    try:
+        from h3kernels import mlp_fp8
+
+        return mlp_fp8.mma_form(dev, requested)
+    except Exception:
+        from h3kernels import mma_ceiling
+
+        return mma_ceiling.supported_forms(dev)[0]
+
+
+def ceiling_tflops(dev, form):
+    try:
+        from h3kernels import mma_ceiling
+
+        return mma_ceiling.measure_tflops(dev, form)
+    except Exception as err:
+        log("e4m3 mma.sync ceiling: failed " + short(err))
+        return None
+
+
+class AllocCount:
+    """Counts CuPy memory-pool allocations while active (a cupy MemoryHook), if CuPy is loaded."""
+
+    def __enter__(self):
+        self.n, self.bytes, self.hook = 0, 0, None
+        if "cupy" in sys.modules:
+            try:
+                from cupy.cuda import memory_hook
+
+                outer = self
+
+                class Hook(memory_hook.MemoryHook):
+                    name = "bench_mlp_count"
+
+                    def malloc_preprocess(self, device_id, size, mem_size):
+                        outer.n += 1
+                        outer.bytes += mem_size
+
+                self.hook = Hook()
+                self.hook.__enter__()
+            except Exception:
+                self.hook = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.hook is not None:
+            self.hook.__exit__(*exc)
+        return False
+
+
+def flags_memset_ms(flags, reps):
+    """Stream-ordered memset of the flags, as the operator issues it (cudaMemsetAsync via CuPy),
+    per call over a batch of 20; torch zero_ if CuPy is missing."""
+    nbytes = flags.numel() * flags.element_size()
+    try:
+        import cupy
+
+        stream = torch.cuda.current_stream().cuda_stream
+        zero = lambda: cupy.cuda.runtime.memsetAsync(flags.data_ptr(), 0, nbytes, stream)
+    except Exception:
+        zero = flags.zero_
+
+    def batch():
+        for _ in range(20):
+            zero()
+
+    return median_ms(batch, warmup=2, reps=reps) / 20
+
+
+def row_stage_ms(op_sets, a_q, a_s, reps):
+    """The row kernel alone (back-to-back launches with prepared arguments); else the public call."""
+    try:
+        from h3kernels.timing import row_stage_kernel_ms
+
+        return row_stage_kernel_ms([s[:5] for s in op_sets], a_q, a_s, reps=reps), "kernel"
+    except Exception as err:
+        log("row_stage_kernel_ms failed (" + short(err, 120) + "); timing the public row-stage call")
+        from h3kernels import minimax_h3_mlp_fp8_row_stage
+
+        cur = {}
+        return median_ms_batched(lambda: minimax_h3_mlp_fp8_row_stage(*cur["s"][:5], workspace_a_q=a_q,
+                                                                       workspace_a_scale=a_s),
+                                 setup=lambda i: cur.update(s=op_sets[i % len(op_sets)]), reps=reps), "call"
+
+
+# --- one M -----------------------------------------------------------------------------------
+
+def time_both(fn, sets, reps, batch):
+    cur = {}
+    setup = lambda i: cur.update(s=sets[i % len(sets)])
+    call = lambda: fn(cur["s"])
+    return dict(call_ms=median_ms(call, warmup=2, reps=reps, setup=setup),
+                stream_ms=median_ms_batched(call, batch=batch, warmup=1, reps=max(3, reps // 2), setup=setup))
+
+
+def run_m(m, st, args):
+    dev = torch.device("cuda")
+    flops = mlp_flops(m)
+    res = dict(m=m, flops=flops)
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20) or (50 << 20)
+    set_bytes = m * HIDDEN * 2 * 2 + m * 8  # x + residual + index
+    nsets = min(8, max(2, math.ceil(3 * l2 / set_bytes)))
+    reps = args.reps or (20 if m <= 2048 else 10 if m <= 16384 else 6)
+    batch = 8 if m <= 2048 else 4 if m <= 16384 else 3
+    res.update(sets=nsets, set_mb=set_bytes / 1e6, reps=reps, batch=batch)
+
+    sets = []
+    for s in range(nsets):
+        x, wn, sc, sh, idx = make_row_inputs(m, ADALN_ROWS, device=dev, seed=1000 * s + 7)
+        g = torch.Generator(device=dev).manual_seed(1000 * s + 8)
+        gate = (0.5 * torch.randn(ADALN_ROWS, 6 * HIDDEN, generator=g, device=dev)).to(BF)[:, 2 * HIDDEN:3 * HIDDEN]
+        resid = torch.randn(m, HIDDEN, generator=g, device=dev).to(BF)
+        sets.append((x, wn, sc, sh, idx, gate, resid))
+    torch.cuda.synchronize()
+    log(f"M={m}: {nsets} input sets of {set_bytes / 1e6:.0f} MB, reps {reps}, batch {batch}")
+
+    def record(name, fn, tsets=sets):
+        try:
+            t = time_both(fn, tsets, reps, batch)
+            t["tflops"] = flops / t["stream_ms"] / 1e9
+            res[name] = t
+            log(f"  {name:12s} call {t['call_ms']:9.3f} ms  stream {t['stream_ms']:9.3f} ms  {t['tflops']:6.0f} TFLOP/s")
+        except Exception as err:
+            res[name] = dict(error=short(err))
+            log(f"  {name:12s} failed: {short(err)}")
+
+    # ours
+    if st["op"] is not None:
+        try:
+            from h3kernels import minimax_h3_mlp_fc2_flags
+
+            ws = dict(out=torch.empty(m, HIDDEN, dtype=BF, device=dev),
+                      workspace_a_q=torch.empty(m, HIDDEN, dtype=E4, device=dev),
+                      workspace_a_scale=torch.empty(m, dtype=torch.float32, device=dev),
+                      workspace_y=torch.empty(m, FFN, dtype=BF, device=dev),
+                      workspace_y_q=torch.empty(m, FFN, dtype=E4, device=dev),
+                      workspace_y_scale=torch.empty(m, dtype=torch.float32, device=dev),
+                      workspace_flags=torch.zeros(minimax_h3_mlp_fc2_flags(m), dtype=torch.int32, device=dev))
+            w = st["w_ours"]
+            ours = lambda s: st["op"](*s, *w, **ws, fp8_mma_form=args.form)
+            t = time.time()
+            ours(sets[0])
+            torch.cuda.synchronize()
+            res["ours_first_call_s"] = time.time() - t
+            record("ours", ours)
+            if "error" not in res["ours"]:
+                # allocations of one warm call: torch caching allocator and CuPy pool
+                torch.cuda.synchronize()
+                before = torch.cuda.memory_stats(dev).get("allocation.all.allocated", 0)
+                with AllocCount() as cnt:
+                    ours(sets[1])
+                    torch.cuda.synchronize()
+                res["ours"]["torch_allocs_per_call"] = torch.cuda.memory_stats(dev).get("allocation.all.allocated", 0) - before
+                res["ours"]["cupy_allocs_per_call"] = cnt.n
+                res["ours"]["cupy_alloc_bytes_per_call"] = cnt.bytes
+                row_ms, how = row_stage_ms(sets, ws["workspace_a_q"], ws["workspace_a_scale"], reps)
+                mem_ms = flags_memset_ms(ws["workspace_flags"], reps)
+                ours_ms = res["ours"]["stream_ms"]
+                res["ours"].update(row_ms=row_ms, row_timed_as=how, memset_ms=mem_ms,
+                                   row_share=row_ms / ours_ms, memset_share=mem_ms / ours_ms,
+                                   row_plus_memset_share=(row_ms + mem_ms) / ours_ms)
+                log(f"  ours: row stage {row_ms:.4f} ms ({how}) = {row_ms / ours_ms:.2%}, flags memset "
+                    f"{mem_ms * 1e3:.1f} us = {mem_ms / ours_ms:.3%}; allocations per warm call: torch "
+                    f"{res['ours']['torch_allocs_per_call']}, CuPy {cnt.n} ({cnt.bytes} B); first call "
+                    f"{res['ours_first_call_s']:.1f} s")
+        except Exception as err:
+            res["ours"] = dict(error=short(err))
+            log(f"  ours failed: {short(err)}")
+    else:
+        res["ours"] = dict(error=st["op_why"])
+
+    # torch peers
+    w1, w2, w1q, w1s, w2q, w2s = st["w_torch"]
+    record("bf16_eager", lambda s: mlp_bf16(*s, w1, w2))
+    record("fp8_eager", lambda s: mlp_fp8(*s, w1q, w1s, w2q, w2s))
+
+    if st["compiled"] is not None and not args.no_compile:
+        if time.time() - T0 > args.compile_budget_s and st["compiled_at"] is None:
+            res["fp8_compile"] = dict(error=f"skipped: {time.time() - T0:.0f} s elapsed before the first compile")
+            log("  fp8_compile  " + res["fp8_compile"]["error"])
+        else:
+            try:
+                for s in sets:
+                    for tensor in (s[0], s[4], s[6]):
+                        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                t = time.time()
+                st["compiled"](*sets[0], w1q, w1s, w2q, w2s)
+                torch.cuda.synchronize()
+                res["fp8_compile_first_call_s"] = time.time() - t
+                st["compiled_at"] = st["compiled_at"] or m
+                log(f"  fp8_compile  first call (compile if new) {res['fp8_compile_first_call_s']:.1f} s")
+                record("fp8_compile", lambda s: st["compiled"](*s, w1q, w1s, w2q, w2s))
+            except Exception as err:
+                res["fp8_compile"] = dict(error=short(err, 600))
+                log(f"  fp8_compile  failed: {short(err, 600)}")
+                st["compiled"] = None
+    else:
+        res["fp8_compile"] = dict(error=st.get("compile_why", "disabled (--no-compile)"))
+
+    try:
+        gsets = [fp8_gemm_inputs(*s, w1q, w1s, w2q, w2s) for s in sets]
+        record("gemms", lambda g: (fc1_fp8(g[0], g[1], w1q, w1s), fc2_fp8(g[2], g[3], w2q, w2s)), gsets)
+        del gsets
+    except Exception as err:
+        res["gemms"] = dict(error=short(err))
+
+    # sanity: out - residual of ours and of fp8 eager against bf16 eager, on set 0
+    try:
+        x, wn, sc, sh, idx, gate, resid = sets[0]
+        _, valid = guard(idx, sc.shape[0])
+        ref = (mlp_bf16(*sets[0], w1, w2).float() - resid.float())[valid]
+        cmp = dict(fp8_eager=mlp_fp8(*sets[0], w1q, w1s, w2q, w2s))
+        if "error" not in res["ours"]:
+            cmp["ours"] = ours(sets[0]).clone()
+            res["ours"]["guarded_rows_equal_residual"] = bool(torch.equal(cmp["ours"][~valid], resid[~valid]))
+        acc = {}
+        for name, o in cmp.items():
+            d = (o.float() - resid.float())[valid]
+            acc[name] = dict(rel_l2=float((d - ref).norm() / ref.norm()),
+                             cos=float(F.cosine_similarity(d.flatten(), ref.flatten(), dim=0)))
+        del ref, cmp, d
+        res["delta_vs_bf16"] = acc
+        log("  out - residual vs bf16 eager: " + ", ".join(f"{k} rel L2 {v['rel_l2']:.4f} cos {v['cos']:.5f}"
+                                                           for k, v in acc.items())
+            + (f"; ours guarded rows == residual: {res['ours'].get('guarded_rows_equal_residual')}"
+               if "ours" in acc else ""))
+    except Exception as err:
+        log("  accuracy check failed: " + short(err))
+
+    del sets
+    ws = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+# --- report ----------------------------------------------------------------------------------
+
+PEERS = (("bf16_eager", "bf16 eager"), ("fp8_eager", "fp8 eager"), ("fp8_compile", "fp8 compile"),
+         ("gemms", "FC1+FC2 _scaled_mm"))
+
+
+def table(results, ceil, form, device):
+    lines = [f"== minimax_h3_mlp_fp8 on {device}: e4m3 mma.sync ceiling "
+             + (f"{ceil:.0f} TFLOP/s (form {form})" if ceil else "n/a")
+             + "; TFLOP/s from stream times; (x) = ours / peer TFLOP/s ==",
+             f"{'M':>6} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'row%':>6} {'mset%':>6} |"
+             + "".join(f" {label:>18}" for _, label in PEERS)]
+    for r in results:
+        o = r.get("ours", {})
+        ok = "stream_ms" in o
+        tf = o.get("tflops")
+        cells = [f"{r['m']:>6}",
+                 f"{o['stream_ms']:9.3f}" if ok else f"{'n/a':>9}",
+                 f"{o['call_ms']:9.3f}" if ok else f"{'':>9}",
+                 f"{tf:5.0f}" if ok else f"{'':>5}",
+                 f"{tf / ceil:6.1%}" if ok and ceil else f"{'':>6}",
+                 f"{o['row_share']:6.2%}" if "row_share" in o else f"{'':>6}",
+                 f"{o['memset_share']:6.3%}" if "memset_share" in o else f"{'':>6}"]
+        line = " ".join(cells) + " |"
+        for key, _ in PEERS:
+            p = r.get(key, {})
+            if "tflops" in p:
+                cell = f"{p['tflops']:.0f}" + (f" ({tf / p['tflops']:.2f}x)" if ok else "")
+            else:
+                cell = "failed" if "error" in p and "skipped" not in p["error"] else "-"
+            line += f" {cell:>18}"
+        lines.append(line)
+    if any("error" in r.get("ours", {}) for r in results):
+        lines.append("ours: " + next(r["ours"]["error"] for r in results if "error" in r.get("ours", {})))
+    return lines
+
+
+def summary(results, ceil, form):
+    s = dict(ceil_tflops=round(ceil, 1) if ceil else None, form=form, elapsed_s=round(time.time() - T0, 1))
+    for r in results:
+        e = {}
+        o = r.get("ours", {})
+        if "tflops" in o:
+            e.update(ours_ms=round(o["stream_ms"], 4), ours_tf=round(o["tflops"], 1))
+            if ceil:
+                e["pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
+            if "row_plus_memset_share" in o:
+                e["row_memset_pct"] = round(100 * o["row_plus_memset_share"], 2)
+        for key, _ in PEERS:
+            if "tflops" in r.get(key, {}):
+                e[key + "_tf"] = round(r[key]["tflops"], 1)
+        s[f"M{r['m']}"] = e
+    return s
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, nargs="+", default=[256, 2048, 16384, 65536])
+    p.add_argument("--quick", action="store_true", help="only M=16384")
+    p.add_argument("--json", help="write every result here")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--compile-budget-s", type=float, default=90.0,
+                   help="skip the first torch.compile if this many seconds have already passed")
+    p.add_argument("--reps", type=int, default=0, help="timed runs per method (default by M)")
+    p.add_argument("--form", type=int, default=-1, help="fp8_mma_form passed to the operator")
+    args = p.parse_args()
+    rows = [16384] if args.quick else args.rows
+
+    dev = torch.device("cuda")
+    dev_id = torch.cuda.current_device()
+    name = torch.cuda.get_device_name(dev_id)
+    log(f"{name}, torch {torch.__version__}, M {rows}")
+    st = dict(compiled_at=None)
+    st["op"], st["op_why"] = load_op()
+    if st["op_why"]:
+        log("minimax_h3_mlp_fp8 " + st["op_why"])
+    form = op_form(dev_id, args.form)
+
+    # weights: bf16 logical; ours prepacked; torch peers quantized per channel in logical order
+    g = torch.Generator(device=dev).manual_seed(123)
+    w1 = (torch.randn(2 * FFN, HIDDEN, generator=g, device=dev) * HIDDEN ** -0.5).to(BF)
+    w2 = (torch.randn(HIDDEN, FFN, generator=g, device=dev) * FFN ** -0.5).to(BF)
+    w1q, w1s = R.quantize_rows(w1)
+    w2q, w2s = R.quantize_rows(w2)
+    st["w_torch"] = (w1, w2, w1q, w1s.reshape(1, -1).contiguous(), w2q, w2s.reshape(1, -1).contiguous())
+    try:
+        import h3kernels
+
+        st["w_ours"] = (*h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1), *h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2))
+    except Exception as err:
+        st["op"], st["op_why"] = None, "weight preparation failed: " + short(err)
+        log("minimax_h3_mlp_fp8 " + st["op_why"])
+    torch.cuda.synchronize()
+    log("weights ready")
+
+    if args.no_compile:
+        st["compiled"] = None
+    else:
+        try:
+            st["compiled"] = torch.compile(mlp_fp8)
+        except Exception as err:
+            st["compiled"], st["compile_why"] = None, "torch.compile failed: " + short(err)
+            log(st["compile_why"])
+
+    ceil0 = ceiling_tflops(dev_id, form)
+    log(f"e4m3 mma.sync ceiling (form {form}), before: {ceil0 and round(ceil0)} TFLOP/s")
+    results = []
+    for m in rows:
+        try:
+            results.append(run_m(m, st, args))
+        except Exception as err:  # e.g. out of memory: report and go on
+            log(f"M={m} failed: {short(err)}")
+            results.append(dict(m=m, error=short(err)))
+            gc.collect()
+            torch.cuda.empty_cache()
+    ceil1 = ceiling_tflops(dev_id, form)
+    log(f"e4m3 mma.sync ceiling (form {form}), after: {ceil1 and round(ceil1)} TFLOP/s")
+    ceils = [c for c in (ceil0, ceil1) if c]
+    ceil = max(ceils) if ceils else None
+
+    out = dict(date=datetime.date.today().isoformat(), device=name, torch=torch.__version__, form=form,
+               ceiling_tflops=ceil, ceiling_runs=[ceil0, ceil1], compile_dynamic_from_m=st["compiled_at"],
+               results=results, elapsed_s=time.time() - T0)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print("\n".join(table(results, ceil, form, name)))
+    print("SUMMARY " + json.dumps(summary(results, ceil, form), separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
