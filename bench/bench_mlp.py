@@ -315,7 +315,7 @@ def run_m(m, st, args):
             except Exception as err:
                 res["fp8_compile"] = dict(error=short(err, 600))
                 log(f"  fp8_compile  failed: {short(err, 600)}")
-                st["compiled"] = None
+                st["compiled"], st["compile_why"] = None, f"torch.compile failed at M={m} (see that M)"
     else:
         res["fp8_compile"] = dict(error=st.get("compile_why", "disabled (--no-compile)"))
 
@@ -349,11 +349,7 @@ def run_m(m, st, args):
     except Exception as err:
         log("  accuracy check failed: " + short(err))
 
-    del sets
-    ws = None
-    gc.collect()
-    torch.cuda.empty_cache()
-    return res
+    return res  # this M's tensors go with run_m's frame; main() then empties the cache
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -469,8 +465,8 @@ def main():
         except Exception as err:  # e.g. out of memory: report and go on
             log(f"M={m} failed: {short(err)}")
             results.append(dict(m=m, error=short(err)))
-            gc.collect()
-            torch.cuda.empty_cache()
+        gc.collect()
+        torch.cuda.empty_cache()
     ceil1 = ceiling_tflops(dev_id, form)
     log(f"e4m3 mma.sync ceiling (form {form}), after: {ceil1 and round(ceil1)} TFLOP/s")
     ceils = [c for c in (ceil0, ceil1) if c]
