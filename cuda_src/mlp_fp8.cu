@@ -93,81 +93,111 @@ __device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, 
   n0 = (in_band / band_m) * BN;
 }
 
-// acc = A[m0 .. m0+BM) . B[n0 .. n0+BN)^T over K bytes of e4m3. With ready != nullptr (FC2),
-// the K slices of chunk c are read only once ready[c] has reached `need`.
+// The loads of a persistent CTA: consecutive K slices of its tiles, tile after tile, into the
+// STAGES-deep ring. It runs ahead across tile boundaries, so the next tile's first slices are
+// in flight while the current tile finishes and its epilogue runs. With flags (FC2), the slices
+// of y chunk c of an m-tile are read only once all the m-tile's producer groups have written it.
 template <int K, bool kProducers>
-__device__ __forceinline__ void gemm_tile(float (&acc)[4][4][4], u8* smem, const u8* __restrict__ a,
-                                          const u8* __restrict__ b, int m0, int n0, int M, const int* ready,
-                                          int need) {
-  constexpr int KT = K / BK;
+struct Loader {
+  u8* smem;
+  const u8* __restrict__ a;
+  const u8* __restrict__ b;
+  const int* flags;
+  int M, m_tiles, n_tiles, tile, kt, slot, m0, n0;
+
+  __device__ __forceinline__ void start(int first_tile) {
+    tile = first_tile;
+    kt = slot = 0;
+    if (tile < m_tiles * n_tiles) tile_origin(tile, m_tiles, n_tiles, m0, n0);
+  }
+  __device__ __forceinline__ void load_next() {
+    if (tile < m_tiles * n_tiles) {
+      if (kProducers && kt % CHUNK_SLICES == 0) {
+        const int need = min(BM, M - m0 + GROUP_ROWS - 1) / GROUP_ROWS;  // producer groups of the m-tile
+        const int* ready = flags + 1 + (m0 / BM) * (FFN / CHUNK_COLS) + kt / CHUNK_SLICES;
+        while (load_acquire(ready) < need) __nanosleep(128);
+      }
+      load_stage<K>(smem + slot * STAGE_BYTES, a, b, m0, n0, kt * BK, M);
+      if (++kt == K / BK) start(tile + gridDim.x);
+    }
+    cp_async_commit();  // an empty group past the last tile keeps the wait counts uniform
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+  }
+};
+
+// One K slice from a ring stage: acc += A_stage . B_stage^T.
+__device__ __forceinline__ void mma_stage(float (&acc)[4][4][4], const u8* stage) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;  // 2 x 4 warps
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
-
-  auto wait_ready = [&](int slice) {
-    if (kProducers && slice % CHUNK_SLICES == 0)
-      while (load_acquire(ready + slice / CHUNK_SLICES) < need) __nanosleep(128);
-  };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    wait_ready(s);
-    load_stage<K>(smem + s * STAGE_BYTES, a, b, m0, n0, s * BK, M);
-    cp_async_commit();
-  }
-
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    gemm_sync<kProducers>();  // stage kt is visible to all; stage kt - 1 is free for the next load
-    const int next = kt + STAGES - 1;
-    if (next < KT) {
-      wait_ready(next);
-      load_stage<K>(smem + (next % STAGES) * STAGE_BYTES, a, b, m0, n0, next * BK, M);
-    }
-    cp_async_commit();
-
-    const u8* stage = smem + (kt % STAGES) * STAGE_BYTES;
-    const u32 a_base = smem_u32(stage), b_base = smem_u32(stage + BM * BK);
-#if H3_MMA_FORM == 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  const u32 a_base = smem_u32(stage), b_base = smem_u32(stage + BM * BK);
+#if defined(H3_KS_UNROLL)
+#pragma unroll H3_KS_UNROLL
+#elif H3_MMA_FORM == 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 #pragma unroll 1  // sm_90 emulates each mma with conversions and FADDs: unrolled, it spills
 #else
 #pragma unroll
 #endif
-    for (int ks = 0; ks < BK / 32; ++ks) {
-      // ldmatrix lane roles: matrix q = lane / 8 takes its row from lane % 8.
-      const int q = lane >> 3, rr = lane & 7;
-      u32 bf[4][2];
+  for (int ks = 0; ks < BK / 32; ++ks) {
+    // ldmatrix lane roles: matrix q = lane / 8 takes its row from lane % 8.
+    const int q = lane >> 3, rr = lane & 7;
+    u32 bf[4][2];
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const int row = warp_n * 32 + nj * 16 + rr + 8 * (q >> 1);
-        const int chunk = ks * 2 + (q & 1);
-        ldmatrix_x4(b_base + swizzled(row, chunk), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0],
-                    bf[2 * nj + 1][1]);
+    for (int nj = 0; nj < 2; ++nj) {
+      const int row = warp_n * 32 + nj * 16 + rr + 8 * (q >> 1);
+      const int chunk = ks * 2 + (q & 1);
+      ldmatrix_x4(b_base + swizzled(row, chunk), bf[2 * nj][0], bf[2 * nj][1], bf[2 * nj + 1][0], bf[2 * nj + 1][1]);
+    }
+    // Two m16 fragments of A at a time: on sm_90, where the e4m3 mma is emulated through
+    // half precision, all four (plus their converted copies) would not fit in registers.
+#pragma unroll
+    for (int mh = 0; mh < 2; ++mh) {
+      u32 af[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = warp_m * 64 + (2 * mh + i) * 16 + rr + 8 * (q & 1);
+        const int chunk = ks * 2 + (q >> 1);
+        ldmatrix_x4(a_base + swizzled(row, chunk), af[i][0], af[i][1], af[i][2], af[i][3]);
       }
-      // Two m16 fragments of A at a time: on sm_90, where the e4m3 mma is emulated through
-      // half precision, all four (plus their converted copies) would not fit in registers.
 #pragma unroll
-      for (int mh = 0; mh < 2; ++mh) {
-        u32 af[2][4];
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = warp_m * 64 + (2 * mh + i) * 16 + rr + 8 * (q & 1);
-          const int chunk = ks * 2 + (q >> 1);
-          ldmatrix_x4(a_base + swizzled(row, chunk), af[i][0], af[i][1], af[i][2], af[i][3]);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int ni = 0; ni < 4; ++ni) mma_e4m3_16832(acc[2 * mh + i][ni], af[i], bf[ni]);
-      }
+        for (int ni = 0; ni < 4; ++ni) mma_e4m3_16832(acc[2 * mh + i][ni], af[i], bf[ni]);
     }
   }
+}
+
+// Every tile of this CTA (tile = blockIdx.x, += gridDim.x): acc = A[m0 ..) . B[n0 ..)^T over K
+// bytes of e4m3, then epilogue(acc, m0, n0), which must not touch shared memory.
+template <int K, bool kProducers, class Epilogue>
+__device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__ a, const u8* __restrict__ b,
+                                                const int* flags, int M, int n_tiles, Epilogue epilogue) {
+  const int m_tiles = (M + BM - 1) / BM;
+  Loader<K, kProducers> ld{smem, a, b, flags, M, m_tiles, n_tiles};
+  ld.start(blockIdx.x);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) ld.load_next();
+  int slot = 0;
+  for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
+    int m0, n0;
+    tile_origin(tile, m_tiles, n_tiles, m0, n0);
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.f;
+#pragma unroll 1
+    for (int kt = 0; kt < K / BK; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      gemm_sync<kProducers>();  // this slot's slice is visible to all; the previous slot is free
+      ld.load_next();
+      mma_stage(acc, smem + slot * STAGE_BYTES);
+      slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+    epilogue(acc, m0, n0);
+  }
   cp_async_wait<0>();
-  gemm_sync<kProducers>();  // the ring is reused by the next tile
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
@@ -179,14 +209,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
   const int g = lane >> 2, t = lane & 3;
-  const int m_tiles = (M + BM - 1) / BM, n_tiles = FC1_OUT / BN;
-
-  for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
-    int m0, n0;
-    tile_origin(tile, m_tiles, n_tiles, m0, n0);
-    float acc[4][4][4];
-    gemm_tile<HIDDEN, false>(acc, smem, a_q, w1_q, m0, n0, M, nullptr, 0);
-
+  persistent_gemm<HIDDEN, false>(smem, a_q, w1_q, nullptr, M, FC1_OUT / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
     // Epilogue: n8 fragments (0, 1) and (2, 3) are the gate and up rows of 8 logical columns.
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
@@ -212,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
       }
     }
-  }
+  });
 }
 
 // --- FC2: y quantization (producer warps) + GEMM + gate and residual epilogue ----------------
@@ -314,15 +337,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
   const int g = lane >> 2, t = lane & 3;
-  const int m_tiles = (M + BM - 1) / BM, n_tiles = HIDDEN / BN;
-
-  for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
-    int m0, n0;
-    tile_origin(tile, m_tiles, n_tiles, m0, n0);
-    const int need = min(BM, M - m0 + GROUP_ROWS - 1) / GROUP_ROWS;  // producer groups in this m-tile
-    float acc[4][4][4];
-    gemm_tile<FFN, true>(acc, smem, y_q, w2_q, m0, n0, M, flags + 1 + (m0 / BM) * CHUNKS, need);
-
+  persistent_gemm<FFN, true>(smem, y_q, w2_q, flags, M, HIDDEN / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -352,5 +367,5 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
         }
       }
     }
-  }
+  });
 }

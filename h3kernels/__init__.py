@@ -14,8 +14,6 @@ __all__ = ["FFN", "HEAD_DIM", "HIDDEN", "MAX_M", "minimax_h3_fc1_row_order", "mi
            "minimax_h3_mlp_fc2_flags_sm120", "minimax_h3_mlp_fp8_row_stage", "prepare_minimax_h3_fc1_weight_fp8",
            "prepare_minimax_h3_fc2_weight_fp8"]
 
-# Still to come (see the issues): minimax_h3_varlen_attention_fp8 and workspace_bytes. Their
-# definitions, on the CPU, are in h3kernels.reference.
 minimax_h3_mlp_fp8_sm120 = minimax_h3_mlp_fp8
 
 
@@ -25,3 +23,8 @@ def minimax_h3_mlp_fc2_flags(m):
 
 
 minimax_h3_mlp_fc2_flags_sm120 = minimax_h3_mlp_fc2_flags
+
+from .varlen_attention_fp8 import (minimax_h3_sm120_varlen_attention_fp8,  # noqa: E402
+                                   minimax_h3_varlen_attention_fp8, workspace_bytes)
+
+__all__ += ["minimax_h3_varlen_attention_fp8", "minimax_h3_sm120_varlen_attention_fp8", "workspace_bytes"]

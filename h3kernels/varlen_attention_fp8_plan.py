@@ -1,6 +1,7 @@
 """The segment plan of minimax_h3_varlen_attention_fp8: its work tiles, longest segment first.
 
-A work tile is (segment start, segment length, first query of a 128-query tile, head). The
+A work tile is (segment start, segment length, first query of a 128-query tile, head, segment
+index); the index finds the segment's K scale blocks (block_offset), its V columns and s_v. The
 persistent attention kernel walks the rows in order, so the longest (most expensive) tiles go
 first and the short ones fill the tail. Built on the host from cu_seqlens (no device sync when
 the caller passes cu_seqlens_host) and cached per (cu_seqlens content, heads, device).
@@ -11,6 +12,7 @@ import numpy as np
 
 Q_TILE = 128
 K_BLOCK = 128  # keys per K scale block, counted from the segment's start
+TILE_COLS = 5  # start, length, first query, head, segment (cuda_src/varlen_attention_fp8.cu TILE_INTS)
 
 
 @functools.lru_cache(maxsize=256)
@@ -22,8 +24,8 @@ def _plan_host(cu, heads):
     for s in order:
         for q0 in range(0, int(lens[s]), Q_TILE):
             for h in range(heads):
-                rows.append((starts[s], lens[s], starts[s] + q0, h))
-    tiles = np.array(rows, dtype=np.int32).reshape(-1, 4)
+                rows.append((starts[s], lens[s], starts[s] + q0, h, s))
+    tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
     # first K scale block of each segment: blocks are numbered segment after segment
     blocks = -(-lens // K_BLOCK)
     block_offset = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32)
@@ -31,7 +33,7 @@ def _plan_host(cu, heads):
 
 
 def plan_host(cu_seqlens_host, heads):
-    """(tiles int32 [n, 4], block_offset int32 [segments + 1]) on the host."""
+    """(tiles int32 [n, 5], block_offset int32 [segments + 1]) on the host."""
     return _plan_host(tuple(int(c) for c in cu_seqlens_host), int(heads))
 
 

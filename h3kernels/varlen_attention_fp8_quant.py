@@ -7,13 +7,23 @@ contract.md, Attention details:
   s_k = RN(amax |k'| / 448), k8 = e4m3(RN(k' / s_k)).
 - V per (segment, head, channel): s_v = RN(amax / 448) over the segment's keys,
   v8 = e4m3(RN(v / s_v)).
-Zero scales give zero codes. Like the MLP row kernel, these kernels keep bf16 as uint16 and e4m3
+Zero scales give zero codes.
+
+V is written transposed for the attention kernel's PV product, as v8t [heads, 128, n * 128]
+(n = key blocks, key_blocks' numbering): channel rows with keys contiguous, so the kernel loads
+it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
+fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte aligned at column
+128 * block_offset[seg], and the columns past its last key are zero, so the kernel's key blocks
+read finite bytes that meet P = 0. Inside every 16-key group the keys are permuted
+(v_key_at): the kernel packs P into the PV mma's A fragment straight from its S accumulators,
+which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
+cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys. Like the MLP row kernel, these kernels keep bf16 as uint16 and e4m3
 as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
 """
 import threading
 
 import numpy as np
-from numba import cuda, float32  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint8  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HEAD_DIM
 from .varlen_attention_fp8_plan import K_BLOCK
@@ -90,22 +100,36 @@ def _build():
             s_k[blk, h] = s
 
     @cuda.jit
-    def v_kernel(v, cu, v8, s_v):
+    def v_scale_kernel(v, cu, s_v):
         """v: uint16 [tokens, heads, 128]; s_v: f32 [segments, heads, 128]. Grid (segments, heads)."""
         seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         a, b = cu[seg], cu[seg + 1]
         amax = float32(0.0)
         for t in range(a, b):
             amax = max(amax, abs(f32_from_bf16(v[t, h, c])))
-        s = div_rn(amax, float32(E4M3_MAX))
-        for t in range(a, b):
-            code = 0
-            if s > float32(0.0):
-                code = e4m3(div_rn(f32_from_bf16(v[t, h, c]), s))
-            v8[t, h, c] = code
-        s_v[seg, h, c] = s
+        s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
 
-    return q_kernel, k_mean_kernel, k_quant_kernel, v_kernel
+    @cuda.jit
+    def v_quant_kernel(v, s_v, blocks, v8t):
+        """v8t: uint8 [heads, 128, n * 128] (the module docstring's layout). Grid (n, heads).
+        Thread x first quantizes channel x of the block's keys into shared memory, then writes
+        column x (key v_key_at(x)) of every channel row, so that global writes are coalesced."""
+        blk, h, x = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        tile = cuda.shared.array((K_BLOCK, HEAD_DIM + 1), uint8)  # +1: column reads hit distinct banks
+        seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
+        s = s_v[seg, h, x]
+        for i in range(K_BLOCK):
+            code = 0
+            if i < count and s > float32(0.0):
+                code = e4m3(div_rn(f32_from_bf16(v[first + i, h, x]), s))
+            tile[i, x] = code
+        cuda.syncthreads()
+        key = (x & ~15) | (((x >> 2) & 3) << 1) | (x & 1) | (((x >> 1) & 1) << 3)  # v_key_at(x)
+        col = blk * K_BLOCK + x
+        for c in range(HEAD_DIM):
+            v8t[h, c, col] = tile[key, c]
+
+    return q_kernel, k_mean_kernel, k_quant_kernel, v_scale_kernel, v_quant_kernel
 
 
 def kernels():
@@ -114,6 +138,23 @@ def kernels():
         if _kernels is None:
             _kernels = _build()
         return _kernels
+
+
+def v_key_at(p):
+    """The key (within its 128-key block) that v8t column p of the block holds."""
+    return (p & ~15) | (((p >> 2) & 3) << 1) | (p & 1) | (((p >> 1) & 1) << 3)
+
+
+def v_transposed(v8, cu_seqlens_host):
+    """numpy: v8t (the module docstring's layout) from v8 uint8 [tokens, heads, 128]. Tests use it."""
+    v8 = np.asarray(v8)
+    blocks = key_blocks(cu_seqlens_host)
+    out = np.zeros((v8.shape[1], HEAD_DIM, len(blocks) * K_BLOCK), np.uint8)
+    key = v_key_at(np.arange(K_BLOCK))
+    for b, (_, first, count) in enumerate(blocks):
+        have = key < count
+        out[:, :, b * K_BLOCK + np.nonzero(have)[0]] = v8[first + key[have]].transpose(1, 2, 0)
+    return out
 
 
 def key_blocks(cu_seqlens_host):
@@ -126,13 +167,13 @@ def key_blocks(cu_seqlens_host):
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
-def launch(q, k, v, cu, blocks, q8, s_q, mu, k8, s_k, v8, s_v, stream=None):
-    """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int64 [segments + 1]; blocks: from
-    key_blocks; outputs as the kernels' docstrings say. Arrays are Numba device arrays (or numpy
-    arrays in the simulator); work goes on `stream`."""
+def launch(q, k, v, cu, blocks, q8, s_q, mu, k8, s_k, v8t, s_v, stream=None):
+    """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int32 or int64 [segments + 1];
+    blocks: from key_blocks; outputs as the kernels' docstrings say. Arrays are Numba device
+    arrays (or numpy arrays in the simulator); work goes on `stream`."""
     tokens, heads, _ = q.shape
     segments = cu.shape[0] - 1
-    qk, kmean, kq, vk = kernels()
+    qk, kmean, kq, vs, vq = kernels()
     cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
     if tokens:
         rows = tokens * heads
@@ -140,6 +181,7 @@ def launch(q, k, v, cu, blocks, q8, s_q, mu, k8, s_k, v8, s_v, stream=None):
                                                         s_q.reshape(rows))
     if segments and tokens:
         kmean[cfg((segments, heads), HEAD_DIM)](k, cu, mu)
-        vk[cfg((segments, heads), HEAD_DIM)](v, cu, v8, s_v)
+        vs[cfg((segments, heads), HEAD_DIM)](v, cu, s_v)
     if blocks.shape[0]:
         kq[cfg((blocks.shape[0], heads), HEAD_DIM)](k, mu, blocks, k8, s_k)
+        vq[cfg((blocks.shape[0], heads), HEAD_DIM)](v, s_v, blocks, v8t)

@@ -9,12 +9,12 @@ def test_plan_covers_every_query_tile_and_head_once_longest_first():
     tiles, block_offset = P.plan_host(cu, 3)
     lens = np.diff(cu)
     want = sum(-(-int(n) // 128) for n in lens) * 3
-    assert tiles.shape == (want, 4) and tiles.dtype == np.int32
+    assert tiles.shape == (want, 5) and tiles.dtype == np.int32
     assert len({tuple(r) for r in tiles.tolist()}) == want
     assert list(tiles[:, 1]) == sorted(tiles[:, 1], reverse=True)
     segments = {(a, b - a) for a, b in zip(cu, cu[1:])}
-    for start, length, q0, head in tiles.tolist():
-        assert (start, length) in segments
+    for start, length, q0, head, seg in tiles.tolist():
+        assert (start, length) in segments and (cu[seg], cu[seg + 1]) == (start, start + length)
         assert start <= q0 < start + length and 0 <= head < 3
     assert block_offset.tolist() == [0, 0, 1, 2, 3, 5, 37, 37]
 
@@ -27,4 +27,4 @@ def test_plan_is_cached_per_content_and_heads():
 
 def test_empty_input_gives_an_empty_plan():
     tiles, block_offset = P.plan_host([0], 56)
-    assert tiles.shape == (0, 4) and block_offset.tolist() == [0]
+    assert tiles.shape == (0, 5) and block_offset.tolist() == [0]

@@ -36,7 +36,8 @@ def run(q, k, v, cu):
                   q8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_q=np.full((tokens, heads), np.nan, np.float32),
                   mu=np.full((segs, heads, 128), np.nan, np.float32), k8=np.full((tokens, heads, 128), 0x7F, np.uint8),
                   s_k=np.full((len(blocks), heads), np.nan, np.float32),
-                  v8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_v=np.full((segs, heads, 128), np.nan, np.float32))
+                  v8t=np.full((heads, 128, len(blocks) * 128), 0x7F, np.uint8),
+                  s_v=np.full((segs, heads, 128), np.nan, np.float32))
     if SIM:
         Q.launch(**arrays)
         return arrays
@@ -54,7 +55,7 @@ def check(seqlens, heads):
     u8 = lambda t: t.view(torch.uint8).numpy()
     assert np.array_equal(out["q8"], u8(q8)) and np.array_equal(out["s_q"], s_q.numpy())
     assert np.array_equal(out["k8"], u8(k8))
-    assert np.array_equal(out["v8"], u8(v8))
+    assert np.array_equal(out["v8t"], Q.v_transposed(u8(v8), cu))  # padding columns included: zeros
     for blk, (seg, first, count) in enumerate(Q.key_blocks(cu)):
         assert np.array_equal(np.broadcast_to(out["s_k"][blk], (count, heads)), s_k[first:first + count].numpy())
     for seg, (a, b) in enumerate(zip(cu, cu[1:])):
@@ -72,3 +73,22 @@ def test_simulator_passes_equal_the_reference():
 @pytest.mark.parametrize("seqlens,heads", [([0, 1, 127, 128, 129, 0, 300], 2), ([4096], 8), ([700, 0, 33], 56)])
 def test_gpu_passes_equal_the_reference(seqlens, heads):
     check(seqlens, heads)
+
+
+def test_v_layout_permutes_each_16_key_group_and_zero_pads():
+    perm = Q.v_key_at(np.arange(128))
+    assert sorted(perm.tolist()) == list(range(128))
+    assert perm[:16].tolist() == [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]
+    assert (perm // 16 == np.arange(128) // 16).all()
+    v8 = np.arange(1, 1 + 150 * 2 * 128, dtype=np.int64).reshape(150, 2, 128) % 251 + 1
+    v8 = v8.astype(np.uint8)  # no zero codes: padding is told apart
+    cu = [0, 3, 3, 150]  # blocks: (seg 0, 0, 3), (seg 2, 3, 128), (seg 2, 131, 19)
+    vt = Q.v_transposed(v8, cu)
+    assert vt.shape == (2, 128, 3 * 128)
+    for b, (first, count) in enumerate([(0, 3), (3, 128), (131, 19)]):
+        for p in range(128):
+            col = vt[:, :, b * 128 + p]
+            if perm[p] < count:
+                assert np.array_equal(col, v8[first + perm[p]])
+            else:
+                assert not col.any()

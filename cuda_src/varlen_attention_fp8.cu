@@ -1,0 +1,289 @@
+// minimax_h3_varlen_attention_fp8: non-causal packed-varlen attention on e4m3 operands
+// (contract.md, Attention details). Inputs come from the quantization passes
+// (h3kernels/varlen_attention_fp8_quant.py):
+//   q8, k8  e4m3 [tokens, heads, 128]     s_q f32 [tokens, heads]
+//   s_k     f32 [key blocks, heads]       (128-key blocks from each segment's start)
+//   v8t     e4m3 [heads, 128, v_pitch]    V transposed: channel rows, keys contiguous; segment
+//           seg starts at column 128 * block_offset[seg], its tail up to the next multiple of
+//           128 is zero, and inside every 16-key group the keys are stored permuted (see P_KEY)
+//   s_v     f32 [segments, heads, 128]
+// A persistent grid walks the plan's work tiles (start, len, first query, head, segment),
+// longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
+// stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows, then V^T rows).
+//
+// Per block a warp computes S = q8 . k8^T on mma m16n8k32 (Q kept in registers as A
+// fragments, K rows are the "col" B operand as stored), scales it to log2 units, runs the
+// online softmax and feeds P = e4m3(256 * 2^(S - m)) straight from the S accumulators into the
+// A operand of O += P . V.
+#include "fp8_common.cuh"
+
+#define BQ 128   // queries per work tile (varlen_attention_fp8_plan.Q_TILE)
+#define BKV 64   // keys per pipeline block; 64 rather than 128 keeps S at 32 registers
+#define KSB 128  // keys per K scale block (varlen_attention_fp8_plan.K_BLOCK)
+#define HD 128   // head dim
+#define STAGES 4
+#define THREADS 256  // 8 warps x 16 query rows
+#define TILE_INTS 5  // plan columns: start, len, first query, head, segment
+
+// sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
+// ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
+// from shared memory for every block.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define Q_IN_REGS 0
+#else
+#define Q_IN_REGS 1
+#endif
+
+#define Q_BYTES (BQ * HD)
+#define K_BYTES (BKV * HD)
+#define V_BYTES (HD * BKV)
+#define STAGE_BYTES (K_BYTES + V_BYTES)
+#define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES)
+
+// Why the V pass permutes keys (P_KEY): the thread that ends up holding the A fragment of P
+// must be the one that holds those probabilities in the S accumulator, or P would need
+// shuffles. In the C layout lane (g, t) holds, per n8 tile of keys, keys 2t and 2t+1 of rows
+// g and g+8. In the A layout (k32) its register r holds k-columns 4t..4t+3 (+16 for r >= 2) of
+// row g (+8 for odd r). So a lane packs, per 16-key group, its keys {2t, 2t+1} of n8 tile 2u
+// and {2t, 2t+1} of tile 2u+1, i.e. keys {2t, 2t+1, 8+2t, 9+2t}, into the A k-columns
+// 4t..4t+3. The mma sums over k, so it is right as long as B's k-row 4t+b holds the same key:
+// storage position p = 4t + b of each 16-key group holds key 2t + (b & 1) + 8 * (b >> 1).
+// The lane then loads B with the same ldmatrix as any K-major operand.
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 128-byte rows (Q, K): 16-byte chunk c of row r at c ^ (r % 8), so the 8 rows one ldmatrix
+// phase reads fall in 8 different bank groups.
+__device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+// 64-byte rows (V^T, BKV keys): two rows share a 128-byte bank line, so rows 2i and 2i+1 take
+// the line's two halves and (row / 2) % 4 permutes the four chunks within a half.
+__device__ __forceinline__ u32 swz64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
+
+// 16 bytes global -> shared; src_bytes = 0 fills zeros.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Four probabilities -> four e4m3 bytes of 256 * p (the 2^8 bias), first in the low byte.
+__device__ __forceinline__ u32 pack_p(float a, float b, float c, float d) {
+  return (u32)e4m3x2_from_f32(256.f * a, 256.f * b) | ((u32)e4m3x2_from_f32(256.f * c, 256.f * d) << 16);
+}
+
+// Key block j of the tile's segment into a ring stage: BKV K rows (keys past the segment's end
+// zero-filled: they may lie past the last token) and the 128 V^T rows of the same keys (the
+// V pass zero-pads each segment to a multiple of 128 keys, so those bytes always exist).
+__device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, const u8* __restrict__ vseg,
+                                        i64 k_pitch, i64 v_pitch, int j, int len) {
+#pragma unroll
+  for (int i = 0; i < (BKV * HD / 16) / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
+    const int key = j * BKV + row;
+    const bool ok = key < len;
+    cp_async_16(stage + swz128(row, chunk), kseg + (ok ? key * k_pitch : 0) + chunk * 16, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int i = 0; i < (HD * BKV / 16) / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS, row = idx >> 2, chunk = idx & 3;
+    cp_async_16(stage + K_BYTES + swz64(row, chunk), vseg + row * v_pitch + j * BKV + chunk * 16, 16);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const int* __restrict__ block_offset,
+                            const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
+                            const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
+                            u16* __restrict__ out, int heads, i64 v_pitch, float scale_log2) {
+  extern __shared__ __align__(128) u8 smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int lq = lane >> 3, lr = lane & 7;  // ldmatrix: lane gives row lr of matrix lq
+  const u32 q_smem = smem_u32(smem), ring = q_smem + Q_BYTES;
+  const i64 pitch = (i64)heads * HD;  // elements between consecutive tokens of q8, k8, out
+
+  for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    const int* w = tiles + (i64)tile * TILE_INTS;
+    const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
+    const int end = start + len, n_blocks = (len + BKV - 1) / BKV;
+    const int kb0 = block_offset[seg];
+    const u8* kseg = k8 + (i64)start * pitch + h * HD;
+    const u8* vseg = v8t + (i64)h * HD * v_pitch + (i64)kb0 * KSB;
+
+    // Prologue: the Q tile rides in the first cp.async group with block 0.
+#pragma unroll
+    for (int i = 0; i < (BQ * HD / 16) / THREADS; ++i) {
+      const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
+      const int tok = q0 + row;
+      const bool ok = tok < end;
+      cp_async_16(q_smem + swz128(row, chunk), q8 + (ok ? tok * pitch + h * HD : 0) + chunk * 16, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < n_blocks) load_kv(ring + s * STAGE_BYTES, kseg, vseg, pitch, v_pitch, s, len);
+      cp_async_commit();
+    }
+
+    const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;  // this lane's two query rows
+    // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written
+    const float c0 = row0 < end ? s_q[(i64)row0 * heads + h] * scale_log2 : 0.f;
+    const float c1 = row1 < end ? s_q[(i64)row1 * heads + h] * scale_log2 : 0.f;
+
+    // A fragments of this warp's 16 query rows, k32 step ks: ldmatrix matrices (rows 0-7 | 8-15)
+    // x (chunk 2ks | 2ks+1) are registers 0..3 of the A layout.
+    // chunk 2ks + x of a row is chunk x with bit ks << 5 flipped in the swizzled offset
+    const u32 q_frag = swz128(warp * 16 + lr + 8 * (lq & 1), lq >> 1);
+#if Q_IN_REGS
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    u32 qf[HD / 32][4];
+#pragma unroll
+    for (int ks = 0; ks < HD / 32; ++ks)
+      ldmatrix_x4(q_smem + (q_frag ^ (ks << 5)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+#endif
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[i][r] = 0.f;
+    float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
+
+#pragma unroll 1
+    for (int j = 0; j < n_blocks; ++j) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // block j is visible to all; the stage of block j - 1 is free
+      const int next = j + STAGES - 1;
+      if (next < n_blocks) load_kv(ring + (next % STAGES) * STAGE_BYTES, kseg, vseg, pitch, v_pitch, next, len);
+      cp_async_commit();
+
+      const u32 k_base = ring + (j % STAGES) * STAGE_BYTES, v_base = k_base + K_BYTES;
+      float s[BKV / 8][4];
+#pragma unroll
+      for (int i = 0; i < BKV / 8; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[i][r] = 0.f;
+#if Q_IN_REGS
+#pragma unroll
+#else
+#pragma unroll 1
+#endif
+      for (int ks = 0; ks < HD / 32; ++ks) {
+#if Q_IN_REGS
+        const u32(&qa)[4] = qf[ks];
+#else
+        u32 qa[4];
+        ldmatrix_x4(q_smem + (q_frag ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
+#endif
+#pragma unroll
+        for (int np = 0; np < BKV / 16; ++np) {
+          u32 b[2][2];
+          ldmatrix_x4(k_base + swz128(np * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)), b[0][0], b[0][1], b[1][0],
+                      b[1][1]);
+          mma_e4m3_16832(s[2 * np], qa, b[0]);
+          mma_e4m3_16832(s[2 * np + 1], qa, b[1]);
+        }
+      }
+
+      // S in log2 units; keys past the segment's end -> -inf (P = 0 there)
+      const float sk = s_k[(i64)(kb0 + j * BKV / KSB) * heads + h];
+      const float cb0 = c0 * sk, cb1 = c1 * sk;
+      const int valid = len - j * BKV;
+      float mx0 = m0, mx1 = m1;
+#pragma unroll
+      for (int nt = 0; nt < BKV / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool ok = nt * 8 + 2 * t + e < valid;
+          s[nt][e] = ok ? s[nt][e] * cb0 : neg_inf();
+          s[nt][2 + e] = ok ? s[nt][2 + e] * cb1 : neg_inf();
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
+        }
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+      // Block 0 always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
+      const float a0 = ex2(m0 - mx0), a1 = ex2(m1 - mx1);
+      m0 = mx0;
+      m1 = mx1;
+      l0 *= a0;
+      l1 *= a1;
+      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // once the maxima settle, skip it
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+          o[i][0] *= a0;
+          o[i][1] *= a0;
+          o[i][2] *= a1;
+          o[i][3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < BKV / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[nt][e] = ex2(s[nt][e] - m0);
+          s[nt][2 + e] = ex2(s[nt][2 + e] - m1);
+          l0 += s[nt][e];
+          l1 += s[nt][2 + e];
+        }
+      }
+
+#pragma unroll
+      for (int kk = 0; kk < BKV / 32; ++kk) {
+        const float(*p)[4] = s + 4 * kk;  // the four n8 tiles of keys 32kk .. 32kk + 31
+        const u32 pa[4] = {pack_p(p[0][0], p[0][1], p[1][0], p[1][1]), pack_p(p[0][2], p[0][3], p[1][2], p[1][3]),
+                           pack_p(p[2][0], p[2][1], p[3][0], p[3][1]), pack_p(p[2][2], p[2][3], p[3][2], p[3][3])};
+#pragma unroll
+        for (int cp = 0; cp < HD / 16; ++cp) {
+          u32 b[2][2];
+          ldmatrix_x4(v_base + swz64(cp * 16 + lr + 8 * (lq >> 1), 2 * kk + (lq & 1)), b[0][0], b[0][1], b[1][0],
+                      b[1][1]);
+          mma_e4m3_16832(o[2 * cp], pa, b[0]);
+          mma_e4m3_16832(o[2 * cp + 1], pa, b[1]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring and the Q tile are reused by the next tile
+
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    // out = bf16(O * s_v / (256 * l)), the contract's single rounding; l >= 1 on every written row
+    const float d0 = 256.f * l0, d1 = 256.f * l1;
+    const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
+    u16* out0 = out + (i64)row0 * pitch + h * HD + 2 * t;
+    u16* out1 = out + (i64)row1 * pitch + h * HD + 2 * t;
+#pragma unroll
+    for (int ct = 0; ct < HD / 8; ++ct) {
+      const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
+      if (row0 < end)
+        *reinterpret_cast<u32*>(out0 + ct * 8) =
+            (u32)bf16_from_f32(__fdiv_rn(o[ct][0] * v0, d0)) | ((u32)bf16_from_f32(__fdiv_rn(o[ct][1] * v1, d0)) << 16);
+      if (row1 < end)
+        *reinterpret_cast<u32*>(out1 + ct * 8) =
+            (u32)bf16_from_f32(__fdiv_rn(o[ct][2] * v0, d1)) | ((u32)bf16_from_f32(__fdiv_rn(o[ct][3] * v1, d1)) << 16);
+    }
+  }
+}

@@ -1,0 +1,288 @@
+"""minimax_h3_varlen_attention_fp8: packed-varlen FP8 attention (contract.md, Attention details).
+
+One call: validate every argument (nothing is launched before), take the segment plan (host,
+cached; no device sync when cu_seqlens_host is given), then on the caller's stream the Numba
+quantization passes (varlen_attention_fp8_quant) into the workspace and the CUDA kernel
+(cuda_src/varlen_attention_fp8.cu) into `out`.
+
+Workspace: one grow-only buffer per (device, stream) holding q8, k8, v8t, s_q, s_k, mu and s_v,
+plus that stream's uploaded plans. Everything a call touches is therefore used only in the order
+of one stream: two streams never share a buffer, a buffer outgrown on its stream is returned to
+CuPy's pool, which hands it out again only to allocations on that same stream, and a plan is
+uploaded on the stream that reads it. Each buffer also keeps an event recorded after its last
+use, which the next call waits on: a CUDA stream handle can be reused by a new stream once the
+old one is destroyed, possibly with work still pending.
+"""
+import collections
+import math
+import threading
+
+import numpy as np
+
+from . import dispatch, validate
+from . import varlen_attention_fp8_plan as plan
+from .shapes import HEAD_DIM
+
+# As the #defines of cuda_src/varlen_attention_fp8.cu (tests/test_varlen_attention_fp8.py checks).
+Q_TILE = plan.Q_TILE  # BQ
+K_BLOCK = plan.K_BLOCK  # KSB
+BKV = 64
+STAGES = 4
+THREADS = 256
+TILE_INTS = plan.TILE_COLS
+SMEM_BYTES = Q_TILE * HEAD_DIM + STAGES * 2 * BKV * HEAD_DIM
+LOG2E = 1.4426950408889634
+_ALIGN = 256
+_PLANS_PER_STREAM = 16
+
+
+def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens_host=None, softmax_scale=None):
+    """Non-causal FP8 attention over the segments [cu_seqlens[i], cu_seqlens[i + 1]) of packed
+    q, k, v (bf16 [tokens, heads, 128], torch CUDA tensors or CuPy arrays). Returns `out` (bf16
+    [tokens, heads, 128], allocated when None) of the caller's kind. Work runs on the caller's
+    current stream; with `cu_seqlens_host` (a host copy of cu_seqlens) there is no device sync,
+    without it one device-to-host copy of cu_seqlens. `out` may alias q, k or v: the kernel reads
+    only the quantized copies."""
+    call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))
+    tokens, heads = check_args(q, k, v, cu_seqlens, out)
+    scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else validate.positive_finite(
+        "softmax_scale", softmax_scale)
+    cu_host = host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)
+    res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), dispatch.BF16)
+    if tokens == 0:
+        return res
+    _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, res)
+    return res
+
+
+minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
+
+
+def check_args(q, k, v, cu_seqlens, out):
+    """Shapes, dtypes and layout; returns (tokens, heads). Kind and device are dispatch.Call's."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if dispatch.logical_dtype(a) != dispatch.BF16:
+            validate.fail(name, a.dtype, dispatch.BF16, TypeError)
+    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
+        validate.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
+    for name, a in (("k", k), ("v", v)):
+        if tuple(a.shape) != tuple(q.shape):
+            validate.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not validate.is_contiguous(a):
+            validate.fail(name, f"strides {dispatch.strides_elems(a)}", "a contiguous array")
+    if dispatch.logical_dtype(cu_seqlens) != dispatch.I32:
+        validate.fail("cu_seqlens", cu_seqlens.dtype, dispatch.I32, TypeError)
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        validate.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
+    if out is not None:
+        validate.array("out", out, dispatch.BF16, tuple(q.shape))
+        validate.aligned("out", out, 4)  # written as pairs of bf16
+    return int(q.shape[0]), int(q.shape[1])
+
+
+def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
+    """cu_seqlens as a tuple of ints, checked: from cu_seqlens_host when given (compared with
+    cu_seqlens only by length: reading it back would sync), else one device-to-host copy."""
+    name = "cu_seqlens_host"
+    if cu_seqlens_host is None:
+        name = "cu_seqlens"
+        if call.kind == "torch":
+            cu_seqlens_host = cu_seqlens.cpu().tolist()  # on torch's current stream, which is ours
+        else:
+            with call.active():
+                cu_seqlens_host = cu_seqlens.get().tolist()  # synchronous, on the caller's stream
+    elif dispatch.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
+        validate.fail(name, f"a {dispatch.kind_of(cu_seqlens_host)} device array", "a host sequence of ints",
+                      TypeError)
+    elif hasattr(cu_seqlens_host, "tolist"):  # numpy array or CPU tensor
+        cu_seqlens_host = cu_seqlens_host.tolist()
+    try:
+        cu = tuple(int(c) for c in cu_seqlens_host)
+    except (TypeError, ValueError):
+        validate.fail(name, type(cu_seqlens_host).__name__, "a sequence of ints", TypeError)
+    if len(cu) != cu_seqlens.shape[0]:
+        validate.fail(name, f"{len(cu)} entries", f"{cu_seqlens.shape[0]}, as cu_seqlens")
+    if cu[0] != 0:
+        validate.fail(name, f"first entry {cu[0]}", "0")
+    if any(b < a for a, b in zip(cu, cu[1:])):
+        i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
+        validate.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
+    if cu[-1] != tokens:
+        validate.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} (q.shape[0])")
+    return cu
+
+
+# --- workspace ---------------------------------------------------------------------------
+
+class _Workspace:
+    """One stream's buffers: `mem` (CuPy memory, grow-only), its uploaded plans, its last-use event."""
+
+    def __init__(self):
+        self.mem = None
+        self.nbytes = 0
+        self.plans = collections.OrderedDict()
+        self.event = None
+        self.lock = threading.Lock()
+
+
+_lock = threading.Lock()
+_workspaces = {}  # (device id, stream handle) -> _Workspace
+
+
+def _workspace(device_id, stream_ptr):
+    with _lock:
+        return _workspaces.setdefault((device_id, stream_ptr), _Workspace())
+
+
+def workspace_bytes(device=None):
+    """Bytes now held by the attention's quantized-operand buffers on `device` (an int, 'cuda:N',
+    a torch.device or a CuPy Device; None: the current device), summed over its streams."""
+    with _lock:
+        if not _workspaces:
+            return 0
+        items = list(_workspaces.items())
+    dev = _device_id(device)
+    return sum(ws.nbytes for (d, _), ws in items if d == dev)
+
+
+def _device_id(device):
+    if device is None:
+        import cupy
+
+        return cupy.cuda.runtime.getDevice()
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    idx = getattr(device, "index", None)  # torch.device
+    if idx is None:
+        idx = getattr(device, "id", None)  # cupy Device
+    if idx is None and isinstance(device, str) and device.startswith("cuda"):
+        idx = int(device.split(":")[1]) if ":" in device else _device_id(None)
+    if idx is None:
+        if getattr(device, "type", None) == "cuda":
+            return _device_id(None)
+        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
+    return int(idx)
+
+
+def layout(tokens, heads, segments, key_blocks):
+    """{name: (byte offset, shape, raw dtype)} of the workspace, and its size in bytes."""
+    parts = (("q8", (tokens, heads, HEAD_DIM), "uint8"), ("k8", (tokens, heads, HEAD_DIM), "uint8"),
+             ("v8t", (heads, HEAD_DIM, key_blocks * K_BLOCK), "uint8"), ("s_q", (tokens, heads), "float32"),
+             ("s_k", (key_blocks, heads), "float32"), ("mu", (segments, heads, HEAD_DIM), "float32"),
+             ("s_v", (segments, heads, HEAD_DIM), "float32"))
+    out, off = {}, 0
+    for name, shape, dt in parts:
+        out[name] = (off, shape, dt)
+        off += -(-int(np.prod(shape)) * np.dtype(dt).itemsize // _ALIGN) * _ALIGN
+    return out, max(off, _ALIGN)
+
+
+def _device_plan(ws, call, cu_host, heads, stream):
+    """(tiles, block_offset, blocks) as CuPy arrays of this stream's workspace, uploaded once."""
+    import cupy
+
+    key = (cu_host, heads)
+    hit = ws.plans.get(key)
+    if hit is not None:
+        ws.plans.move_to_end(key)
+        return hit
+    from .varlen_attention_fp8_quant import key_blocks
+
+    tiles, block_offset = plan.plan_host(cu_host, heads)
+    blocks = key_blocks(cu_host)
+    arrays = []
+    with call.active():
+        for host in (tiles, block_offset, blocks):
+            dev = cupy.empty(host.shape, dtype=host.dtype)
+            if host.size:
+                dev.set(host, stream=stream)  # async from the cached (kept alive) host array
+            arrays.append(dev)
+    ws.plans[key] = hit = tuple(arrays)
+    while len(ws.plans) > _PLANS_PER_STREAM:
+        ws.plans.popitem(last=False)  # freed to CuPy's pool for this stream: stream-ordered reuse
+    return hit
+
+
+# --- launch --------------------------------------------------------------------------------
+
+_configured = set()
+
+
+def mma_form(device_id):
+    """kind::f8f6f4 (form 1) on sm_120a, the legacy e4m3 mma elsewhere (issue 4)."""
+    from . import jit
+
+    return 1 if jit.arch_for(jit.device_cc(device_id)) == "sm_120a" else 0
+
+
+def _kernel(device_id):
+    """The kernel function and its grid cap (SMs x resident CTAs per SM)."""
+    from cupy_backends.cuda.api import driver
+
+    from . import jit
+
+    f = jit.get_function("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
+                         {"H3_MMA_FORM": mma_form(device_id)})
+    with _lock:
+        if (device_id, f.ptr) not in _configured:
+            # a Module function has no attribute setter: ask the driver (> 48 KB dynamic smem)
+            driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
+            per_sm = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(f.ptr, THREADS, SMEM_BYTES))
+            _configured.add((device_id, f.ptr))
+            _kernel.ctas[device_id] = per_sm * jit.device_properties(device_id)["multiProcessorCount"]
+    return f, _kernel.ctas[device_id]
+
+
+_kernel.ctas = {}
+
+
+def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
+    import cupy
+
+    from . import varlen_attention_fp8_quant as quant  # imports Numba: on first use only
+
+    tokens = int(q.shape[0])
+    segments = len(cu_host) - 1
+    stream = dispatch.cupy_stream(call.stream_ptr, call.device_id)
+    with cupy.cuda.Device(call.device_id):
+        f, max_ctas = _kernel(call.device_id)
+    ws = _workspace(call.device_id, call.stream_ptr)
+    with ws.lock:
+        with call.active():
+            if ws.event is not None:
+                stream.wait_event(ws.event)
+            tiles, block_offset, blocks = _device_plan(ws, call, cu_host, heads, stream)
+            key_blocks = int(blocks.shape[0])
+            parts, nbytes = layout(tokens, heads, segments, key_blocks)
+            if ws.nbytes < nbytes:
+                ws.mem, ws.nbytes = None, 0  # back to the pool (this stream's) before the bigger one is taken
+                ws.mem, ws.nbytes = cupy.cuda.alloc(nbytes), nbytes
+            mem = ws.mem
+            if ws.event is None:
+                ws.event = cupy.cuda.Event(block=False, disable_timing=True)
+        views = {name: dispatch._numba_view(mem.ptr + off, shape, _contiguous(shape), dt, None, owner=mem)
+                 for name, (off, shape, dt) in parts.items()}
+        with call.numba_device():
+            quant.launch(call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens),
+                         dispatch._numba_view(blocks.data.ptr, tuple(blocks.shape), _contiguous(blocks.shape),
+                                              "int64", None, owner=blocks),
+                         views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"], views["v8t"],
+                         views["s_v"], stream=call.numba_stream())
+        ptr = lambda off: np.uint64(mem.ptr + parts[off][0])
+        n_tiles = int(tiles.shape[0])
+        with cupy.cuda.Device(call.device_id):
+            f((min(n_tiles, max_ctas),), (THREADS,),
+              (np.uint64(tiles.data.ptr), np.int32(n_tiles), np.uint64(block_offset.data.ptr), ptr("q8"), ptr("s_q"),
+               ptr("k8"), ptr("s_k"), ptr("v8t"), ptr("s_v"), np.uint64(dispatch.data_ptr(out)), np.int32(heads),
+               np.int64(key_blocks * K_BLOCK), np.float32(scale * LOG2E)),
+              shared_mem=SMEM_BYTES, stream=stream)
+            ws.event.record(stream)
+
+
+def _contiguous(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= int(n)
+    return tuple(reversed(strides))
