@@ -56,10 +56,6 @@ def main():
         s = cur["s"]
         mlp_fp8._launch_fc1(call, s["a_q"], s["a_s"], q1, s1, s["y"], m, form)
 
-    def fc1_ks2():
-        s = cur["s"]
-        mlp_fp8._launch_fc1(call, s["a_q"], s["a_s"], q1, s1, s["y"], m, form, {"H3_KS_UNROLL": 2})
-
     def fc2():
         s = cur["s"]
         x, w, sc, sh, idx, gate, res = s["args"]
@@ -75,7 +71,7 @@ def main():
 
     one = torch.ones(1, device="cuda")
     res = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), rows=m, form=form)
-    for name, fn in (("op", op), ("row", row), ("memset", memset), ("fc1", fc1), ("fc1_ks2", fc1_ks2), ("fc2", fc2)):
+    for name, fn in (("op", op), ("row", row), ("memset", memset), ("fc1", fc1), ("fc2", fc2)):
         res[name + "_ms"] = median_ms(fn, warmup=3, reps=15, setup=setup)
     res["scaled_mm_fc1_ms"] = median_ms(lambda: torch._scaled_mm(cur["s"]["a_q"], q1.t(), one, one,
                                                                  out_dtype=torch.bfloat16), setup=setup)
@@ -83,7 +79,7 @@ def main():
                                                                  out_dtype=torch.bfloat16), setup=setup)
     res["ceiling_tflops"] = mma_ceiling.measure_tflops(call.device_id, form)
     f1, f2 = 2 * m * HIDDEN * FC1_OUT, 2 * m * FFN * HIDDEN
-    for k, f in (("op", f1 + f2), ("fc1", f1), ("fc1_ks2", f1), ("fc2", f2), ("scaled_mm_fc1", f1), ("scaled_mm_fc2", f2)):
+    for k, f in (("op", f1 + f2), ("fc1", f1), ("fc2", f2), ("scaled_mm_fc1", f1), ("scaled_mm_fc2", f2)):
         res[k + "_tflops"] = f / res[k + "_ms"] / 1e9
     res["op_fraction_of_ceiling"] = res["op_tflops"] / res["ceiling_tflops"]
     res["row_and_memset_share"] = (res["row_ms"] + res["memset_ms"]) / res["op_ms"]
@@ -94,7 +90,7 @@ def main():
     print(f"M={m}: op {res['op_ms']:.3f} ms = {res['op_tflops']:.0f} TFLOP/s ({res['op_fraction_of_ceiling']:.0%} of "
           f"the {res['ceiling_tflops']:.0f} TFLOP/s e4m3 mma.sync ceiling); row {res['row_ms']:.3f} + memset "
           f"{res['memset_ms']:.4f} ms = {res['row_and_memset_share']:.1%}; FC1 {res['fc1_ms']:.3f} ms "
-          f"({res['fc1_tflops']:.0f}; ks unrolled x2: {res['fc1_ks2_tflops']:.0f}), FC2 {res['fc2_ms']:.3f} ms ({res['fc2_tflops']:.0f}); _scaled_mm FC1 "
+          f"({res['fc1_tflops']:.0f}), FC2 {res['fc2_ms']:.3f} ms ({res['fc2_tflops']:.0f}); _scaled_mm FC1 "
           f"{res['scaled_mm_fc1_ms']:.3f} FC2 {res['scaled_mm_fc2_ms']:.3f} ms")
 
 

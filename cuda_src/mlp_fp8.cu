@@ -105,9 +105,9 @@ struct Loader {
   const int* flags;
   int M, m_tiles, n_tiles, tile, kt, slot, m0, n0;
 
-  __device__ __forceinline__ void start(int first_tile) {
+  __device__ __forceinline__ void start(int first_tile) {  // keeps `slot`: the ring runs on
     tile = first_tile;
-    kt = slot = 0;
+    kt = 0;
     if (tile < m_tiles * n_tiles) tile_origin(tile, m_tiles, n_tiles, m0, n0);
   }
   __device__ __forceinline__ void load_next() {
@@ -125,19 +125,26 @@ struct Loader {
   }
 };
 
-// One K slice from a ring stage: acc += A_stage . B_stage^T.
+// One K slice from a ring stage: acc += A_stage . B_stage^T, KS_STEP k32 steps unrolled at a
+// time. sm_90 emulates each e4m3 mma with conversions and HMMAs: there FC1 fits two steps in
+// registers and FC2 (fewer registers per thread, for its producer warps) one; else all four.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && H3_MMA_FORM == 0
+#define KS_STEP_FC1 2
+#define KS_STEP_FC2 1
+#else
+#define KS_STEP_FC1 4
+#define KS_STEP_FC2 4
+#endif
+template <int KS_STEP>
 __device__ __forceinline__ void mma_stage(float (&acc)[4][4][4], const u8* stage) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;  // 2 x 4 warps
   const u32 a_base = smem_u32(stage), b_base = smem_u32(stage + BM * BK);
-#if defined(H3_KS_UNROLL)
-#pragma unroll H3_KS_UNROLL
-#elif H3_MMA_FORM == 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#pragma unroll 1  // sm_90 emulates each mma with conversions and FADDs: unrolled, it spills
-#else
+#pragma unroll 1
+  for (int k0 = 0; k0 < BK / 32; k0 += KS_STEP)
 #pragma unroll
-#endif
-  for (int ks = 0; ks < BK / 32; ++ks) {
+  for (int kk = 0; kk < KS_STEP; ++kk) {
+    const int ks = k0 + kk;
     // ldmatrix lane roles: matrix q = lane / 8 takes its row from lane % 8.
     const int q = lane >> 3, rr = lane & 7;
     u32 bf[4][2];
@@ -168,11 +175,12 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][4][4], const u8* stage
 
 // Every tile of this CTA (tile = blockIdx.x, += gridDim.x): acc = A[m0 ..) . B[n0 ..)^T over K
 // bytes of e4m3, then epilogue(acc, m0, n0), which must not touch shared memory.
-template <int K, bool kProducers, class Epilogue>
+template <int K, bool kProducers, int KS_STEP, class Epilogue>
 __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__ a, const u8* __restrict__ b,
                                                 const int* flags, int M, int n_tiles, Epilogue epilogue) {
   const int m_tiles = (M + BM - 1) / BM;
   Loader<K, kProducers> ld{smem, a, b, flags, M, m_tiles, n_tiles};
+  ld.slot = 0;
   ld.start(blockIdx.x);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) ld.load_next();
@@ -192,7 +200,7 @@ __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__
       cp_async_wait<STAGES - 2>();
       gemm_sync<kProducers>();  // this slot's slice is visible to all; the previous slot is free
       ld.load_next();
-      mma_stage(acc, smem + slot * STAGE_BYTES);
+      mma_stage<KS_STEP>(acc, smem + slot * STAGE_BYTES);
       slot = slot + 1 == STAGES ? 0 : slot + 1;
     }
     epilogue(acc, m0, n0);
@@ -209,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
   const int g = lane >> 2, t = lane & 3;
-  persistent_gemm<HIDDEN, false>(smem, a_q, w1_q, nullptr, M, FC1_OUT / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
+  persistent_gemm<HIDDEN, false, KS_STEP_FC1>(smem, a_q, w1_q, nullptr, M, FC1_OUT / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
     // Epilogue: n8 fragments (0, 1) and (2, 3) are the gate and up rows of 8 logical columns.
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
@@ -337,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
   const int g = lane >> 2, t = lane & 3;
-  persistent_gemm<FFN, true>(smem, y_q, w2_q, flags, M, HIDDEN / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
+  persistent_gemm<FFN, true, KS_STEP_FC2>(smem, y_q, w2_q, flags, M, HIDDEN / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll

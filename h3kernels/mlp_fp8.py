@@ -137,16 +137,15 @@ def mma_form(device_id, requested=-1):
     return requested
 
 
-def _launch_gemm(call, kernel, form, tiles, threads, args, extra_defines=None):
-    """One persistent GEMM launch (min(tiles, SMs) CTAs) on the call's stream. extra_defines
-    (benchmarks only) compiles a variant, e.g. {"H3_KS_UNROLL": 2}."""
+def _launch_gemm(call, kernel, form, tiles, threads, args):
+    """One persistent GEMM launch (min(tiles, SMs) CTAs) on the call's stream."""
     import cupy
     import numpy as np
     from cupy_backends.cuda.api import driver
 
     from . import jit
 
-    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form, **(extra_defines or {})})
+    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form})
     sms = jit.device_properties(call.device_id)["multiProcessorCount"]
     args = tuple(np.uint64(dispatch.data_ptr(a)) if dispatch.kind_of(a) else a for a in args)
     with cupy.cuda.Device(call.device_id):
@@ -156,15 +155,14 @@ def _launch_gemm(call, kernel, form, tiles, threads, args, extra_defines=None):
           stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))
 
 
-def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form, extra_defines=None):
+def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
     """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
     import numpy as np
 
     for name, a, nbytes in (("a_q", a_q, 16), ("w1_q", w1_q, 16), ("y", y, 16)):  # cp.async, 16-byte loads
         validate.aligned(name, a, nbytes)
     tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
-    _launch_gemm(call, "h3_mlp_fc1", form, tiles, FC1_THREADS, (a_q, a_scale, w1_q, w1_scale, y, np.int32(m)),
-                 extra_defines)
+    _launch_gemm(call, "h3_mlp_fc1", form, tiles, FC1_THREADS, (a_q, a_scale, w1_q, w1_scale, y, np.int32(m)))
 
 
 def _launch_fc2(call, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags, m, form):
