@@ -5,16 +5,27 @@
 //   s_k     f32 [key blocks, heads]       (128-key blocks from each segment's start)
 //   v8t     e4m3 [heads, 128, v_pitch]    V transposed: channel rows, keys contiguous; segment
 //           seg starts at column 128 * block_offset[seg], its tail up to the next multiple of
-//           128 is zero, and inside every 16-key group the keys are stored permuted (see P_KEY)
+//           128 is zero, and inside every 16-key group the keys are stored permuted (see 'Why the V
+//           pass permutes keys' below; varlen_attention_fp8_quant.v_key_at)
 //   s_v     f32 [segments, heads, 128]
+// Softmax (H3_ATTN_EXACT_MAX, set by the launcher):
+//   1  two passes over the keys: the first computes S only for the row max m, the second
+//      quantizes P = e4m3(256 * 2^(S - m)) against that final max, as the reference does.
+//      Costs a second QK^T (1.5x the mma work) and no O rescaling.
+//   0  one pass with the usual online max and O rescaling. P is then quantized against each
+//      block's running max, which rounds differently from the reference in every block before
+//      the row's maximum: a numpy emulation puts that at rel L2 0.018 (200 keys) to 0.025
+//      (4096 keys) against the reference on randn inputs, over issue 4's 0.02, while its
+//      error against float64 attention stays the reference's own.
 // A persistent grid walks the plan's work tiles (start, len, first query, head, segment),
 // longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
 // stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows, then V^T rows).
 //
-// Per block a warp computes S = q8 . k8^T on mma m16n8k32 (Q kept in registers as A
-// fragments, K rows are the "col" B operand as stored), scales it to log2 units, runs the
-// online softmax and feeds P = e4m3(256 * 2^(S - m)) straight from the S accumulators into the
-// A operand of O += P . V.
+// Per block a warp computes S = q8 . k8^T on mma m16n8k32 (Q as A fragments, K rows are the
+// "col" B operand as stored), scales it to log2 units (s_q * s_k * softmax_scale * log2 e),
+// masks keys past the segment's end, and feeds P = e4m3(256 * 2^(S - m)) straight from the S
+// accumulators into the A operand of O += P . V; l sums the unquantized 2^(S - m).
+// tests/test_varlen_attention_fp8.py emulates this file lane by lane in numpy.
 #include "fp8_common.cuh"
 
 #define BQ 128   // queries per work tile (varlen_attention_fp8_plan.Q_TILE)
@@ -27,11 +38,18 @@
 
 // sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
 // ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
-// from shared memory for every block.
+// from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
+// softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 #define Q_IN_REGS 0
+#define SKIP_SETTLED_RESCALE 0
 #else
 #define Q_IN_REGS 1
+#define SKIP_SETTLED_RESCALE 1
+#endif
+
+#ifndef H3_ATTN_EXACT_MAX
+#define H3_ATTN_EXACT_MAX 1
 #endif
 
 #define Q_BYTES (BQ * HD)
@@ -40,7 +58,7 @@
 #define STAGE_BYTES (K_BYTES + V_BYTES)
 #define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES)
 
-// Why the V pass permutes keys (P_KEY): the thread that ends up holding the A fragment of P
+// Why the V pass permutes keys: the thread that ends up holding the A fragment of P
 // must be the one that holds those probabilities in the S accumulator, or P would need
 // shuffles. In the C layout lane (g, t) holds, per n8 tile of keys, keys 2t and 2t+1 of rows
 // g and g+8. In the A layout (k32) its register r holds k-columns 4t..4t+3 (+16 for r >= 2) of
@@ -90,7 +108,7 @@ __device__ __forceinline__ u32 pack_p(float a, float b, float c, float d) {
 // zero-filled: they may lie past the last token) and the 128 V^T rows of the same keys (the
 // V pass zero-pads each segment to a multiple of 128 keys, so those bytes always exist).
 __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, const u8* __restrict__ vseg,
-                                        i64 k_pitch, i64 v_pitch, int j, int len) {
+                                        i64 k_pitch, i64 v_pitch, int j, int len, bool with_v) {
 #pragma unroll
   for (int i = 0; i < (BKV * HD / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
@@ -98,6 +116,7 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
     const bool ok = key < len;
     cp_async_16(stage + swz128(row, chunk), kseg + (ok ? key * k_pitch : 0) + chunk * 16, ok ? 16 : 0);
   }
+  if (!with_v) return;
 #pragma unroll
   for (int i = 0; i < (HD * BKV / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 2, chunk = idx & 3;
@@ -121,6 +140,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int* w = tiles + (i64)tile * TILE_INTS;
     const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
     const int end = start + len, n_blocks = (len + BKV - 1) / BKV;
+    // iteration it works on key block it % n_blocks; with H3_ATTN_EXACT_MAX the first n_blocks
+    // iterations only find the row max (K only), the rest are the PV pass
+    const int n_iter = H3_ATTN_EXACT_MAX ? 2 * n_blocks : n_blocks;
     const int kb0 = block_offset[seg];
     const u8* kseg = k8 + (i64)start * pitch + h * HD;
     const u8* vseg = v8t + (i64)h * HD * v_pitch + (i64)kb0 * KSB;
@@ -135,7 +157,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < n_blocks) load_kv(ring + s * STAGE_BYTES, kseg, vseg, pitch, v_pitch, s, len);
+      if (s < n_iter)
+        load_kv(ring + s * STAGE_BYTES, kseg, vseg, pitch, v_pitch, s % n_blocks, len,
+                !H3_ATTN_EXACT_MAX || s >= n_blocks);
       cp_async_commit();
     }
 
@@ -145,8 +169,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const float c1 = row1 < end ? s_q[(i64)row1 * heads + h] * scale_log2 : 0.f;
 
     // A fragments of this warp's 16 query rows, k32 step ks: ldmatrix matrices (rows 0-7 | 8-15)
-    // x (chunk 2ks | 2ks+1) are registers 0..3 of the A layout.
-    // chunk 2ks + x of a row is chunk x with bit ks << 5 flipped in the swizzled offset
+    // x (chunk 2ks | 2ks+1) are registers 0..3 of the A layout. Chunk 2ks + x of a row is chunk
+    // x with bit ks << 5 flipped in the swizzled offset.
     const u32 q_frag = swz128(warp * 16 + lr + 8 * (lq & 1), lq >> 1);
 #if Q_IN_REGS
     cp_async_wait<STAGES - 2>();
@@ -165,14 +189,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
 
 #pragma unroll 1
-    for (int j = 0; j < n_blocks; ++j) {
+    for (int it = 0; it < n_iter; ++it) {
       cp_async_wait<STAGES - 2>();
-      __syncthreads();  // block j is visible to all; the stage of block j - 1 is free
-      const int next = j + STAGES - 1;
-      if (next < n_blocks) load_kv(ring + (next % STAGES) * STAGE_BYTES, kseg, vseg, pitch, v_pitch, next, len);
+      __syncthreads();  // iteration it's block is visible to all; the stage of iteration it - 1 is free
+      const int next = it + STAGES - 1;
+      if (next < n_iter)
+        load_kv(ring + (next % STAGES) * STAGE_BYTES, kseg, vseg, pitch, v_pitch, next % n_blocks, len,
+                !H3_ATTN_EXACT_MAX || next >= n_blocks);
       cp_async_commit();
+      const int j = it < n_blocks ? it : it - n_blocks;
 
-      const u32 k_base = ring + (j % STAGES) * STAGE_BYTES, v_base = k_base + K_BYTES;
+      const u32 k_base = ring + (it % STAGES) * STAGE_BYTES, v_base = k_base + K_BYTES;
       float s[BKV / 8][4];
 #pragma unroll
       for (int i = 0; i < BKV / 8; ++i)
@@ -216,6 +243,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
+#if H3_ATTN_EXACT_MAX
+      if (it < n_blocks) {  // max pass: this lane's share of the row max
+        m0 = mx0;
+        m1 = mx1;
+        if (it == n_blocks - 1) {
+#pragma unroll
+          for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
+            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
+            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
+          }
+        }
+        continue;
+      }
+      // The PV pass recomputes S with the same instructions, so the row max gives 2^0 = 1.
+#else
 #pragma unroll
       for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
@@ -227,7 +269,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       m1 = mx1;
       l0 *= a0;
       l1 *= a1;
-      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // once the maxima settle, skip it
+      // once the maxima settle, alpha = 1 in the whole warp: skip the multiplications
+      if (!SKIP_SETTLED_RESCALE || __any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) {
           o[i][0] *= a0;
@@ -236,6 +279,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           o[i][3] *= a1;
         }
       }
+#endif
 #pragma unroll
       for (int nt = 0; nt < BKV / 8; ++nt) {
 #pragma unroll
@@ -247,18 +291,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
       }
 
+      // All of P is packed before the PV mmas, so the 32 S registers die before O is touched.
+      u32 pa[BKV / 32][4];
 #pragma unroll
       for (int kk = 0; kk < BKV / 32; ++kk) {
         const float(*p)[4] = s + 4 * kk;  // the four n8 tiles of keys 32kk .. 32kk + 31
-        const u32 pa[4] = {pack_p(p[0][0], p[0][1], p[1][0], p[1][1]), pack_p(p[0][2], p[0][3], p[1][2], p[1][3]),
-                           pack_p(p[2][0], p[2][1], p[3][0], p[3][1]), pack_p(p[2][2], p[2][3], p[3][2], p[3][3])};
+        pa[kk][0] = pack_p(p[0][0], p[0][1], p[1][0], p[1][1]);
+        pa[kk][1] = pack_p(p[0][2], p[0][3], p[1][2], p[1][3]);
+        pa[kk][2] = pack_p(p[2][0], p[2][1], p[3][0], p[3][1]);
+        pa[kk][3] = pack_p(p[2][2], p[2][3], p[3][2], p[3][3]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < BKV / 32; ++kk) {
 #pragma unroll
         for (int cp = 0; cp < HD / 16; ++cp) {
           u32 b[2][2];
           ldmatrix_x4(v_base + swz64(cp * 16 + lr + 8 * (lq >> 1), 2 * kk + (lq & 1)), b[0][0], b[0][1], b[1][0],
                       b[1][1]);
-          mma_e4m3_16832(o[2 * cp], pa, b[0]);
-          mma_e4m3_16832(o[2 * cp + 1], pa, b[1]);
+          mma_e4m3_16832(o[2 * cp], pa[kk], b[0]);
+          mma_e4m3_16832(o[2 * cp + 1], pa[kk], b[1]);
         }
       }
     }

@@ -15,6 +15,7 @@ old one is destroyed, possibly with work still pending.
 """
 import collections
 import math
+import numbers
 import threading
 
 import numpy as np
@@ -31,6 +32,11 @@ STAGES = 4
 THREADS = 256
 TILE_INTS = plan.TILE_COLS
 SMEM_BYTES = Q_TILE * HEAD_DIM + STAGES * 2 * BKV * HEAD_DIM
+# H3_ATTN_EXACT_MAX: True runs two passes over the keys (the row max first, then P quantized
+# against it, as the reference does); False the one-pass online softmax, which rounds P against
+# running maxima and lands about 0.025 rel L2 from the reference on long segments (the .cu's
+# header comment). The .cu's default is this value, so compile_check checks what runs.
+EXACT_MAX = True
 LOG2E = 1.4426950408889634
 _ALIGN = 256
 _PLANS_PER_STREAM = 16
@@ -44,10 +50,7 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     without it one device-to-host copy of cu_seqlens. `out` may alias q, k or v: the kernel reads
     only the quantized copies."""
     call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))
-    tokens, heads = check_args(q, k, v, cu_seqlens, out)
-    scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else validate.positive_finite(
-        "softmax_scale", softmax_scale)
-    cu_host = host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)
+    tokens, heads, scale, cu_host = check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), dispatch.BF16)
     if tokens == 0:
         return res
@@ -56,6 +59,19 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
 
 
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
+
+
+def check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale):
+    """Every argument check, before anything is launched: (tokens, heads, softmax scale, cu_seqlens
+    as a tuple). `call` is used only to read cu_seqlens back when cu_seqlens_host is None."""
+    tokens, heads = check_args(q, k, v, cu_seqlens, out)
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(HEAD_DIM)
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        validate.fail("softmax_scale", repr(softmax_scale), "a positive finite float", TypeError)
+    else:
+        scale = validate.positive_finite("softmax_scale", softmax_scale)
+    return tokens, heads, scale, host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)
 
 
 def check_args(q, k, v, cu_seqlens, out):
@@ -206,7 +222,7 @@ def _device_plan(ws, call, cu_host, heads, stream):
 
 # --- launch --------------------------------------------------------------------------------
 
-_configured = set()
+_grid_cap = {}  # (device id, CUfunction) -> SMs x resident CTAs per SM
 
 
 def mma_form(device_id):
@@ -217,24 +233,21 @@ def mma_form(device_id):
 
 
 def _kernel(device_id):
-    """The kernel function and its grid cap (SMs x resident CTAs per SM)."""
+    """The kernel function and its grid cap."""
     from cupy_backends.cuda.api import driver
 
     from . import jit
 
     f = jit.get_function("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
-                         {"H3_MMA_FORM": mma_form(device_id)})
+                         {"H3_MMA_FORM": mma_form(device_id), "H3_ATTN_EXACT_MAX": int(EXACT_MAX)})
+    key = (device_id, f.ptr)
     with _lock:
-        if (device_id, f.ptr) not in _configured:
+        if key not in _grid_cap:
             # a Module function has no attribute setter: ask the driver (> 48 KB dynamic smem)
             driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
             per_sm = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(f.ptr, THREADS, SMEM_BYTES))
-            _configured.add((device_id, f.ptr))
-            _kernel.ctas[device_id] = per_sm * jit.device_properties(device_id)["multiProcessorCount"]
-    return f, _kernel.ctas[device_id]
-
-
-_kernel.ctas = {}
+            _grid_cap[key] = per_sm * jit.device_properties(device_id)["multiProcessorCount"]
+        return f, _grid_cap[key]
 
 
 def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):

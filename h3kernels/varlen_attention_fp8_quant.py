@@ -7,7 +7,8 @@ contract.md, Attention details:
   s_k = RN(amax |k'| / 448), k8 = e4m3(RN(k' / s_k)).
 - V per (segment, head, channel): s_v = RN(amax / 448) over the segment's keys,
   v8 = e4m3(RN(v / s_v)).
-Zero scales give zero codes.
+Zero scales give zero codes. Like the MLP row kernel, these kernels keep bf16 as uint16 and e4m3
+as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
 
 V is written transposed for the attention kernel's PV product, as v8t [heads, 128, n * 128]
 (n = key blocks, key_blocks' numbering): channel rows with keys contiguous, so the kernel loads
@@ -17,8 +18,7 @@ fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte aligned at colu
 read finite bytes that meet P = 0. Inside every 16-key group the keys are permuted
 (v_key_at): the kernel packs P into the PV mma's A fragment straight from its S accumulators,
 which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
-cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys. Like the MLP row kernel, these kernels keep bf16 as uint16 and e4m3
-as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
+cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 """
 import threading
 
@@ -29,6 +29,7 @@ from .shapes import E4M3_MAX, HEAD_DIM
 from .varlen_attention_fp8_plan import K_BLOCK
 
 ROWS_PER_CTA = 128
+V_TILE_COLS = HEAD_DIM + 1  # +1: column reads hit distinct banks. A global: Numba needs a literal shape
 _lock = threading.Lock()
 _kernels = None
 
@@ -115,7 +116,7 @@ def _build():
         Thread x first quantizes channel x of the block's keys into shared memory, then writes
         column x (key v_key_at(x)) of every channel row, so that global writes are coalesced."""
         blk, h, x = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-        tile = cuda.shared.array((K_BLOCK, HEAD_DIM + 1), uint8)  # +1: column reads hit distinct banks
+        tile = cuda.shared.array((K_BLOCK, V_TILE_COLS), uint8)
         seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
         s = s_v[seg, h, x]
         for i in range(K_BLOCK):

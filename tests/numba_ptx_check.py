@@ -1,0 +1,45 @@
+"""Compiles every Numba kernel to PTX for sm_90 and sm_120 outside the CUDA simulator, with no
+GPU: the simulator accepts code that real Numba typing rejects (seen: a shared-array shape that
+was not a literal). Run by tests/test_numba_kernels.py in a subprocess with the simulator off.
+Argument types mirror the launches (raw-bit views, C-contiguous)."""
+import numba
+import numpy as np
+from numba import cuda
+
+from h3kernels import mlp_fp8_row, varlen_attention_fp8_quant as quant
+
+
+def main():
+    # Device functions called from a kernel compile for the current device's compute capability;
+    # there is none here, so name the one being checked.
+    from numba.cuda import dispatcher
+
+    target = {}
+    dispatcher.get_current_device = lambda: type("Device", (), {"compute_capability": target["cc"]})()
+    u8, u16, u32, u64, i32, i64, f32 = np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64, np.float32
+    z = np.zeros
+    t, h, blocks = 5, 2, 3
+    cases = {"mlp_fp8_row": (mlp_fp8_row.kernel(), (
+        z((2, 1344), u64), z(1344, u64), z(9000, u64), z(9000, u64), 4032, 3, z(2, i64), 1e-5,
+        z((2, 1344), u32), z(2, f32)))}
+    qk, kmean, kq, vs, vq = quant.kernels()
+    cases.update({
+        "q_kernel": (qk, (z((t * h, 128), u16), z((t * h, 128), u8), z(t * h, f32))),
+        "k_mean_kernel": (kmean, (z((t, h, 128), u16), z(3, i32), z((2, h, 128), f32))),
+        "k_quant_kernel": (kq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64), z((t, h, 128), u8),
+                                z((blocks, h), f32))),
+        "v_scale_kernel": (vs, (z((t, h, 128), u16), z(3, i32), z((2, h, 128), f32))),
+        "v_quant_kernel": (vq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64),
+                                z((h, 128, blocks * 128), u8))),
+    })
+    for name, (kernel, args) in cases.items():
+        sig = tuple(numba.typeof(a) for a in args)
+        for cc in ((9, 0), (12, 0)):
+            target["cc"] = cc
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
+            assert ".entry" in ptx, name
+        print(f"{name}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,586 @@
+"""minimax_h3_varlen_attention_fp8.
+
+CPU: the launcher's constants against the kernel's #defines; a lane-level numpy emulation of
+cuda_src/varlen_attention_fp8.cu (fragments, swizzles, ring, online softmax, P packing against
+the V pass's key permutation) against the reference; argument validation.
+GPU (issue 4, item 4): against h3kernels.reference and a float64 unquantized attention, segment
+sets, heads, tokens = 0, cu_seqlens_host or not, out or not, torch and CuPy, streams, repeats.
+"""
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import h3kernels
+from h3kernels import jit
+from h3kernels import reference as R
+from h3kernels import varlen_attention_fp8 as A
+from h3kernels import varlen_attention_fp8_plan as P
+from h3kernels import varlen_attention_fp8_quant as Q
+from h3kernels.shapes import HEAD_DIM
+
+
+def defines():
+    src = (jit.source_dir() / "varlen_attention_fp8.cu").read_text()
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (\w+) (\d+)\b", src, re.M)}
+
+
+def test_constants_match_the_source_and_fit_sm120():
+    d = defines()
+    assert d["BQ"] == A.Q_TILE == P.Q_TILE and d["KSB"] == A.K_BLOCK == P.K_BLOCK
+    assert d["HD"] == HEAD_DIM and d["TILE_INTS"] == A.TILE_INTS == P.TILE_COLS
+    assert (d["BKV"], d["STAGES"], d["THREADS"]) == (A.BKV, A.STAGES, A.THREADS)
+    assert A.SMEM_BYTES == d["BQ"] * d["HD"] + d["STAGES"] * 2 * d["BKV"] * d["HD"]
+    assert A.SMEM_BYTES <= 99 * 1024
+    # a key block lies inside one K scale block; P fills whole k32 steps; one warp per 16 queries
+    assert A.K_BLOCK % A.BKV == 0 and A.BKV % 32 == 0 and A.THREADS // 32 * 16 == A.Q_TILE
+    assert Q.K_BLOCK == HEAD_DIM == 128  # the V pass uses one thread per channel, then per key column
+
+
+def test_the_sources_default_softmax_is_the_launchers():
+    assert defines()["H3_ATTN_EXACT_MAX"] == int(A.EXACT_MAX)  # so compile_check checks what runs
+
+
+@pytest.mark.parametrize("arch,form", [("sm_120a", 1), ("sm_90", 0)])
+def test_the_other_softmax_variant_compiles_without_spills(arch, form):
+    from h3kernels import compile_check
+
+    _, log, _ = jit.compile_cubin("varlen_attention_fp8", arch, {"H3_MMA_FORM": form,
+                                  "H3_ATTN_EXACT_MAX": int(not A.EXACT_MAX)}, ("-Xptxas=-v",), use_cache=False)
+    r = compile_check.parse_ptxas(log)["h3_varlen_attention_fp8"]
+    assert r["spill_st"] == r["spill_ld"] == 0, r
+
+
+def test_workspace_layout_is_aligned_and_disjoint():
+    parts, total = A.layout(1000, 56, 7, 13)
+    spans = sorted((off, off + int(np.prod(shape)) * np.dtype(dt).itemsize) for off, shape, dt in parts.values())
+    assert all(off % 256 == 0 for off, _ in spans) and spans[-1][1] <= total
+    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))
+    assert parts["v8t"][1] == (56, 128, 13 * 128)
+
+
+# --- a lane-level emulation of the kernel ------------------------------------------------------
+
+E4M3_VALUE = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+LANE = np.arange(32)
+G, T, LQ, LR = LANE >> 2, LANE & 3, LANE >> 3, LANE & 7
+_I16, _I8, _I4 = np.arange(16), np.arange(8), np.arange(4)
+# ../shared/notes/mma_m16n8k32_e4m3_layout.md, per lane and fragment byte (C: per register)
+A_ROW, A_COL = G[:, None] + 8 * ((_I16 // 4) % 2), 4 * T[:, None] + _I16 % 4 + 16 * (_I16 // 8)
+B_N, B_K = np.broadcast_to(G[:, None], (32, 8)), 4 * T[:, None] + _I8 % 4 + 16 * (_I8 // 4)
+C_ROW, C_COL = G[:, None] + 8 * (_I4 // 2), 2 * T[:, None] + _I4 % 2
+
+D = defines()
+BQ, BKV, KSB, HD, STAGES, THREADS = D["BQ"], D["BKV"], D["KSB"], D["HD"], D["STAGES"], D["THREADS"]
+Q_BYTES, K_BYTES = BQ * HD, BKV * HD
+STAGE_BYTES = K_BYTES + HD * BKV
+WARPS = THREADS // 32
+
+
+def swz128(row, chunk):
+    return row * 128 + ((chunk ^ (row & 7)) << 4)
+
+
+def swz64(row, chunk):
+    return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4)
+
+
+def fragment_bytes(regs):
+    """uint32 [..., n] -> uint8 [..., 4n]: byte i is byte i % 4 of register i // 4."""
+    r = np.ascontiguousarray(regs, dtype="<u4")
+    return r.view(np.uint8).reshape(*r.shape[:-1], -1)
+
+
+def mma(d, a, b):
+    """d [W, 32, 4] f32 += A . B of each warp, from lane fragments a [W, 32, 4], b [W, 32, 2]."""
+    w = d.shape[0]
+    am, bm = np.zeros((w, 16, 32)), np.zeros((w, 8, 32))
+    am[:, A_ROW, A_COL] = E4M3_VALUE[fragment_bytes(a)]
+    bm[:, B_N, B_K] = E4M3_VALUE[fragment_bytes(b)]
+    assert not np.isnan(am).any() and not np.isnan(bm).any()  # no e4m3 NaN code reaches an mma
+    prod = am @ bm.transpose(0, 2, 1)  # exact products and sums
+    return (d.astype(np.float64) + prod[:, C_ROW, C_COL]).astype(np.float32)
+
+
+def ldmatrix_x4(smem, addr):
+    """addr [W, 32] row addresses (lane 8m + r: row r of matrix m) -> registers [W, 32, 4]."""
+    assert (addr % 16 == 0).all()
+    out = np.empty(addr.shape + (4,), np.uint32)
+    for m in range(4):
+        row = addr[:, 8 * m + (LANE >> 2)] + 4 * (LANE & 3)
+        b = smem[row[..., None] + np.arange(4)].astype(np.uint32)
+        out[..., m] = b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
+    return out
+
+
+def cp_async_16(smem, dst, src, off, ok):
+    assert (dst % 16 == 0).all() and (off % 16 == 0).all()
+    got = src[off[:, None] + np.arange(16)]
+    smem[dst[:, None] + np.arange(16)] = np.where(ok[:, None], got, 0)
+
+
+def pack_p(*ps):
+    """Four probability arrays -> u32 of their e4m3(256 p) bytes, the first in the low byte."""
+    out = np.zeros(ps[0].shape, np.uint32)
+    for i, p in enumerate(ps):
+        code = R.e4m3(torch.from_numpy(np.float32(256) * p)).view(torch.uint8).numpy().astype(np.uint32)
+        out |= code << (8 * i)
+    return out
+
+
+def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, exact_max):
+    """The kernel, statement by statement, for every tile in turn (all warps at once), with
+    H3_ATTN_EXACT_MAX = exact_max. Returns out as float32 [tokens, heads, 128], NaN where nothing
+    was written."""
+    tokens = q8.shape[0]
+    q8f, k8f, v8f = q8.reshape(-1), k8.reshape(-1), v8t.reshape(-1)
+    s_qf, s_kf, s_vf = s_q.reshape(-1), s_k.reshape(-1), s_v.reshape(-1)
+    out = np.full(tokens * heads * HD, np.nan, np.float32)
+    v_pitch, pitch = v8t.shape[2], heads * HD
+    smem = np.zeros(Q_BYTES + STAGES * STAGE_BYTES, np.uint8)
+    tid = np.arange(THREADS)
+    warp, lq, lr, g = np.arange(WARPS)[:, None], LQ[None], LR[None], G[None]
+    f32 = np.float32
+
+    def load_kv(stage, kseg, vseg, j, length, with_v):
+        for i in range(BKV * HD // 16 // THREADS):
+            idx = tid + i * THREADS
+            row, chunk = idx >> 3, idx & 7
+            key = j * BKV + row
+            ok = key < length
+            cp_async_16(smem, stage + swz128(row, chunk), k8f, kseg + np.where(ok, key * pitch, 0) + chunk * 16, ok)
+        if not with_v:
+            return
+        for i in range(HD * BKV // 16 // THREADS):
+            idx = tid + i * THREADS
+            row, chunk = idx >> 2, idx & 3
+            cp_async_16(smem, stage + K_BYTES + swz64(row, chunk), v8f, vseg + row * v_pitch + j * BKV + chunk * 16,
+                        np.ones_like(idx, bool))
+
+    for start, length, q0, h, seg in tiles.tolist():
+        end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
+        n_iter = 2 * n_blocks if exact_max else n_blocks
+        kseg, vseg = start * pitch + h * HD, h * HD * v_pitch + kb0 * KSB
+        for i in range(BQ * HD // 16 // THREADS):
+            idx = tid + i * THREADS
+            row, chunk = idx >> 3, idx & 7
+            tok = q0 + row
+            ok = tok < end
+            cp_async_16(smem, swz128(row, chunk), q8f, np.where(ok, tok * pitch + h * HD, 0) + chunk * 16, ok)
+        for s in range(STAGES - 1):
+            if s < n_iter:
+                load_kv(Q_BYTES + s * STAGE_BYTES, kseg, vseg, s % n_blocks, length, not exact_max or s >= n_blocks)
+        row0 = q0 + warp * 16 + g
+        row1 = row0 + 8
+        sq = lambda r: np.where(r < end, s_qf[np.minimum(r, tokens - 1) * heads + h] * f32(scale_log2), f32(0))
+        c0, c1 = sq(row0).astype(f32), sq(row1).astype(f32)
+        q_frag = swz128(warp * 16 + lr + 8 * (lq & 1), lq >> 1)
+        qf = [ldmatrix_x4(smem, q_frag ^ (ks << 5)) for ks in range(HD // 32)]
+        o = np.zeros((WARPS, 32, HD // 8, 4), f32)
+        m0, m1 = np.full((WARPS, 32), -np.inf, f32), np.full((WARPS, 32), -np.inf, f32)
+        l0, l1 = np.zeros((WARPS, 32), f32), np.zeros((WARPS, 32), f32)
+        for it in range(n_iter):
+            nxt = it + STAGES - 1
+            if nxt < n_iter:
+                load_kv(Q_BYTES + (nxt % STAGES) * STAGE_BYTES, kseg, vseg, nxt % n_blocks, length,
+                        not exact_max or nxt >= n_blocks)
+            j = it if it < n_blocks else it - n_blocks
+            k_base = Q_BYTES + (it % STAGES) * STAGE_BYTES
+            v_base = k_base + K_BYTES
+            s = np.zeros((WARPS, 32, BKV // 8, 4), f32)
+            for ks in range(HD // 32):
+                for npair in range(BKV // 16):
+                    b = ldmatrix_x4(smem, k_base + swz128(npair * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)))
+                    s[:, :, 2 * npair] = mma(s[:, :, 2 * npair], qf[ks], b[..., 0:2])
+                    s[:, :, 2 * npair + 1] = mma(s[:, :, 2 * npair + 1], qf[ks], b[..., 2:4])
+            sk = s_kf[(kb0 + j * BKV // KSB) * heads + h]
+            cb0, cb1 = c0 * sk, c1 * sk
+            valid = length - j * BKV
+            key = np.arange(BKV // 8)[:, None] * 8 + 2 * T[:, None, None] + np.arange(2)  # [32, nt, e]
+            ok = key < valid
+            s[..., 0:2] = np.where(ok, s[..., 0:2] * cb0[..., None, None], -np.inf)
+            s[..., 2:4] = np.where(ok, s[..., 2:4] * cb1[..., None, None], -np.inf)
+            mx0 = np.maximum(m0, s[..., 0:2].max(axis=(2, 3)))
+            mx1 = np.maximum(m1, s[..., 2:4].max(axis=(2, 3)))
+            quad = lambda x: x.reshape(WARPS, 8, 4).max(axis=2).repeat(4, axis=1)  # shuffles over the 4 lanes
+            if exact_max:
+                if it < n_blocks:
+                    m0, m1 = mx0, mx1
+                    if it == n_blocks - 1:
+                        m0, m1 = quad(m0), quad(m1)
+                    continue
+            else:
+                mx0, mx1 = quad(mx0), quad(mx1)
+                a0, a1 = np.exp2(m0 - mx0).astype(f32), np.exp2(m1 - mx1).astype(f32)
+                m0, m1 = mx0, mx1
+                l0, l1 = l0 * a0, l1 * a1
+                o[..., 0:2] *= a0[..., None, None]
+                o[..., 2:4] *= a1[..., None, None]
+            s[..., 0:2] = np.exp2(s[..., 0:2] - m0[..., None, None])
+            s[..., 2:4] = np.exp2(s[..., 2:4] - m1[..., None, None])
+            l0 = l0 + s[..., 0:2].sum(axis=(2, 3), dtype=f32)
+            l1 = l1 + s[..., 2:4].sum(axis=(2, 3), dtype=f32)
+            for kk in range(BKV // 32):
+                p = s[:, :, 4 * kk:4 * kk + 4]
+                pa = np.stack([pack_p(p[:, :, 0, 0], p[:, :, 0, 1], p[:, :, 1, 0], p[:, :, 1, 1]),
+                               pack_p(p[:, :, 0, 2], p[:, :, 0, 3], p[:, :, 1, 2], p[:, :, 1, 3]),
+                               pack_p(p[:, :, 2, 0], p[:, :, 2, 1], p[:, :, 3, 0], p[:, :, 3, 1]),
+                               pack_p(p[:, :, 2, 2], p[:, :, 2, 3], p[:, :, 3, 2], p[:, :, 3, 3])], axis=-1)
+                for cp in range(HD // 16):
+                    b = ldmatrix_x4(smem, v_base + swz64(cp * 16 + lr + 8 * (lq >> 1), 2 * kk + (lq & 1)))
+                    o[:, :, 2 * cp] = mma(o[:, :, 2 * cp], pa, b[..., 0:2])
+                    o[:, :, 2 * cp + 1] = mma(o[:, :, 2 * cp + 1], pa, b[..., 2:4])
+        quad_sum = lambda x: x.reshape(WARPS, 8, 4).sum(axis=2, dtype=f32).repeat(4, axis=1)
+        d0, d1 = f32(256) * quad_sum(l0), f32(256) * quad_sum(l1)
+        for ct in range(HD // 8):
+            c = ct * 8 + 2 * T
+            for e in range(2):
+                sv = s_vf[(seg * heads + h) * HD + c + e]
+                for row, d, reg in ((row0, d0, e), (row1, d1, 2 + e)):
+                    val = (o[:, :, ct, reg] * sv) / d
+                    rows, vals = row[row < end], val[row < end]
+                    out[(rows * heads + h) * HD + np.broadcast_to(c + e, row.shape)[row < end]] = vals
+    return R.bf16(torch.from_numpy(out)).float().numpy().reshape(tokens, heads, HD)
+
+
+def kernel_inputs(q, k, v, cu):
+    """The quantization passes' outputs in the kernel's layouts, from the reference (which the
+    passes equal bitwise: tests/test_varlen_attention_fp8_quant.py)."""
+    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
+    heads = q.shape[1]
+    blocks = Q.key_blocks(cu)
+    s_k_blocks = np.stack([s_k[first].numpy() for _, first, _ in blocks]) if len(blocks) else np.zeros((0, heads))
+    s_v_seg = np.stack([s_v[a].numpy() if b > a else np.zeros((heads, HD), np.float32) for a, b in zip(cu, cu[1:])])
+    u8 = lambda x: x.view(torch.uint8).numpy()
+    return u8(q8), s_q.numpy(), u8(k8), s_k_blocks.astype(np.float32), Q.v_transposed(u8(v8), cu), s_v_seg
+
+
+def random_inputs(seqlens, heads, k_offset=0.0, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    n = int(sum(seqlens))
+    q, k, v = (torch.randn(n, heads, HD, generator=gen) for _ in range(3))
+    if k_offset:
+        k = k + k_offset * torch.randn(1, heads, HD, generator=gen)
+    cu = [0] + np.cumsum(seqlens).astype(int).tolist()
+    return (q.bfloat16().to(device), k.bfloat16().to(device), v.bfloat16().to(device),
+            torch.tensor(cu, dtype=torch.int32, device=device), cu)
+
+
+def rel_l2(a, b):
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def emulation_case():
+    seqlens, heads = [1, 60, 0, 200, 129], 2  # 60: one key block
+    q, k, v, _, cu = random_inputs(seqlens, heads, k_offset=20.0, seed=1)
+    tiles, block_offset = P.plan_host(cu, heads)
+    args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * A.LOG2E))
+    return args, R.minimax_h3_varlen_attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
+
+
+def test_emulated_kernel_with_exact_max_matches_the_reference(emulation_case):
+    args, want, exact = emulation_case
+    got = emulate_kernel(*args, exact_max=True)
+    assert not np.isnan(got).any()  # every (token, head) written exactly by its tile
+    # P quantized against the same max: what is left is FP32 order and the one bf16 rounding
+    assert rel_l2(got, want) <= 0.003, rel_l2(got, want)
+    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
+
+    # the check has teeth: V in plain key order (no v_key_at permutation) is far off
+    tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2 = args
+    perm = Q.v_key_at(np.arange(128))
+    plain = np.zeros_like(v8t)
+    for b in range(v8t.shape[2] // 128):
+        plain[:, :, b * 128 + perm] = v8t[:, :, b * 128:(b + 1) * 128]
+    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, exact_max=True)
+    assert rel_l2(bad[61:], want[61:]) > 0.2
+
+
+def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
+    args, want, exact = emulation_case
+    got = emulate_kernel(*args, exact_max=False)
+    assert not np.isnan(got).any()
+    # one key block (<= 64 keys): the online max is the final max, so P is the reference's
+    assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
+    # longer: P rounds against running maxima (see the .cu's header comment)
+    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
+    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+def _args(device="cpu", seqlens=(3, 0, 5), heads=2):
+    q, k, v, cu, cu_host = random_inputs(list(seqlens), heads, device=device)
+    return dict(q=q, k=k, v=v, cu_seqlens=cu, out=None, cu_seqlens_host=cu_host, softmax_scale=None)
+
+
+def _set(name, fn):
+    def mutate(a):
+        a[name] = fn(a[name])
+        return a
+    return mutate
+
+
+BAD = [
+    # (mutation of the arguments, exception, message start)
+    (_set("q", lambda x: x.float()), TypeError, "q: got torch.float32; need bfloat16"),
+    (_set("v", lambda x: x.half()), TypeError, "v: got torch.float16; need bfloat16"),
+    (_set("q", lambda x: x[..., :64]), ValueError, "q: got shape (8, 2, 64); need shape (tokens, heads >= 1, 128)"),
+    (_set("q", lambda x: x[0]), ValueError, "q: got shape (2, 128); need shape (tokens, heads >= 1, 128)"),
+    (_set("k", lambda x: x[:, :1]), ValueError, "k: got shape (8, 1, 128); need q's shape (8, 2, 128)"),
+    (_set("v", lambda x: x[:7]), ValueError, "v: got shape (7, 2, 128); need q's shape (8, 2, 128)"),
+    (_set("k", lambda x: x.transpose(0, 1).contiguous().transpose(0, 1)), ValueError, "k: got strides (128, 1024, 1)"),
+    (_set("cu_seqlens", lambda x: x.long()), TypeError, "cu_seqlens: got torch.int64; need int32"),
+    (_set("cu_seqlens", lambda x: x[None]), ValueError, "cu_seqlens: got shape (1, 4); need shape (segments + 1,)"),
+    (_set("softmax_scale", lambda x: 0.0), ValueError, "softmax_scale: got 0.0; need a positive float"),
+    (_set("softmax_scale", lambda x: float("nan")), ValueError, "softmax_scale: got nan"),
+    (_set("softmax_scale", lambda x: 1e39), ValueError, "softmax_scale: got 1e+39"),
+    (_set("softmax_scale", lambda x: "0.1"), TypeError, "softmax_scale: got '0.1'; need a positive finite float"),
+    (_set("softmax_scale", lambda x: True), TypeError, "softmax_scale: got True; need a positive finite float"),
+    (_set("softmax_scale", lambda x: [0.1]), TypeError, "softmax_scale: got [0.1]; need a positive finite float"),
+    (_set("cu_seqlens_host", lambda x: [1, 3, 3, 8]), ValueError, "cu_seqlens_host: got first entry 1; need 0"),
+    (_set("cu_seqlens_host", lambda x: [0, 4, 3, 8]), ValueError,
+     "cu_seqlens_host: got entries 4, 3 at 1, 2; need non-decreasing entries"),
+    (_set("cu_seqlens_host", lambda x: [0, 3, 3, 9]), ValueError,
+     "cu_seqlens_host: got last entry 9; need tokens = 8 (q.shape[0])"),
+    (_set("cu_seqlens_host", lambda x: [0, 3, 8]), ValueError, "cu_seqlens_host: got 3 entries; need 4, as cu_seqlens"),
+    (_set("cu_seqlens_host", lambda x: ["a", 3, 3, 8]), TypeError,
+     "cu_seqlens_host: got list; need a sequence of ints"),
+]
+BAD_OUT = [
+    (lambda a: torch.empty(8, 2, 128, dtype=torch.float32, device=a.device), TypeError,
+     "out: got torch.float32; need bfloat16"),
+    (lambda a: torch.empty(8, 2, 64, dtype=torch.bfloat16, device=a.device), ValueError,
+     "out: got shape (8, 2, 64); need shape (8, 2, 128)"),
+    (lambda a: torch.empty(2, 8, 128, dtype=torch.bfloat16, device=a.device).transpose(0, 1), ValueError,
+     "out: got strides (128, 1024, 1); need a contiguous array"),
+]
+
+
+def _check(args):
+    return A.check_call(None, args["q"], args["k"], args["v"], args["cu_seqlens"], args["out"],
+                        args["cu_seqlens_host"], args["softmax_scale"])
+
+
+@pytest.mark.parametrize("mutate,exc,msg", BAD, ids=[f"bad-{i}" for i in range(len(BAD))])
+def test_bad_arguments_are_named(mutate, exc, msg):
+    with pytest.raises(exc, match="^" + re.escape(msg)):
+        _check(mutate(_args()))
+
+
+@pytest.mark.parametrize("make_out,exc,msg", BAD_OUT, ids=[f"out-{i}" for i in range(len(BAD_OUT))])
+def test_bad_out_is_named(make_out, exc, msg):
+    args = _args()
+    args["out"] = make_out(args["q"])
+    with pytest.raises(exc, match="^" + re.escape(msg)):
+        _check(args)
+
+
+def test_good_arguments_pass_the_checks():
+    tokens, heads, scale, cu = _check(_args())
+    assert (tokens, heads, cu) == (8, 2, (0, 3, 3, 8)) and scale == 1 / math.sqrt(128)
+    args = _args()
+    args["cu_seqlens_host"] = np.array([0, 3, 3, 8])  # a numpy array or CPU tensor also serves
+    assert _check(args)[3] == (0, 3, 3, 8)
+
+
+def test_cpu_tensors_are_refused_before_anything_runs():
+    args = _args()
+    with pytest.raises(ValueError, match=r"^q: got a tensor on cpu; need a CUDA tensor"):
+        h3kernels.minimax_h3_varlen_attention_fp8(**args)
+    assert h3kernels.minimax_h3_sm120_varlen_attention_fp8 is h3kernels.minimax_h3_varlen_attention_fp8
+
+
+def test_workspace_bytes_without_workspaces_needs_no_gpu():
+    if not A._workspaces:
+        assert h3kernels.workspace_bytes() == 0
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+def exact_chunked(q, k, v, cu, chunk=2048):
+    """reference.attention_exact (float64, unquantized) with the queries in chunks: a 16384-key
+    segment of 8 heads would otherwise need 17 GB of float64 scores at once."""
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for a, b in zip(cu, cu[1:]):
+        for c in range(a, b, chunk):
+            e = min(c + chunk, b)
+            out[c:e] = _exact_rows(q[c:e], k[a:b], v[a:b])
+    return out
+
+
+def _exact_rows(qs, ks, vs):
+    qs, ks, vs = (x.double().transpose(0, 1) for x in (qs, ks, vs))
+    p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(HEAD_DIM), dim=-1)
+    return (p @ vs).transpose(0, 1)
+
+
+def test_chunked_exact_equals_the_reference_exact():
+    q, k, v, _, cu = random_inputs([5, 0, 40], 2, seed=3)
+    assert torch.allclose(exact_chunked(q, k, v, cu, chunk=16), R.attention_exact(q, k, v, cu), rtol=0, atol=1e-12)
+
+
+def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
+    out = None
+    if give_out:
+        out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=q.device)  # poisoned
+    res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu if host else None, **kw)
+    if give_out:
+        assert res is out
+    return res
+
+
+def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=True):
+    q, k, v, cu_dev, cu = random_inputs(seqlens, heads, k_offset, seed, device="cuda")
+    got = run_op(q, k, v, cu_dev, cu, host=host, give_out=give_out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got.float()).all()  # every element written, none NaN
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)  # on the GPU tensors
+    exact = exact_chunked(q, k, v, cu)
+    err_ref, err_exact, ref_exact = rel_l2(got, want), rel_l2(got, exact), rel_l2(want, exact)
+    assert err_ref <= 0.02, err_ref
+    if A.EXACT_MAX:  # P rounds against the reference's own max: only FP32 order and ex2.approx differ
+        assert err_ref <= 0.005, err_ref
+    assert err_exact <= 1.1 * ref_exact, (err_exact, ref_exact)
+    return got
+
+
+SEGMENT_SETS = [
+    ([0, 1, 127, 128, 129, 4096], 1),
+    ([0, 1, 127, 128, 129, 4096], 8),
+    ([0, 1, 127, 128, 129, 4096], 56),
+    ([0, 300, 0, 77, 1, 0], 8),  # empty segments at the start, in the middle and at the end
+    ([16384], 8),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens,heads", SEGMENT_SETS, ids=[f"{len(s)}seg-{h}h" for s, h in SEGMENT_SETS])
+def test_matches_reference_and_exact(seqlens, heads):
+    check_accuracy(seqlens, heads)
+
+
+@pytest.mark.gpu
+def test_64_random_segments():
+    lens = np.random.default_rng(7).integers(0, 700, 64).tolist()
+    check_accuracy(lens, 8, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [1, 56])
+def test_large_per_channel_key_offset(heads):
+    check_accuracy([0, 1, 127, 128, 129, 2000], heads, k_offset=40.0, seed=11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host,give_out", [(False, True), (True, False), (False, False)])
+def test_without_host_seqlens_or_out(host, give_out):
+    check_accuracy([5, 0, 333, 64], 8, seed=5, host=host, give_out=give_out)
+
+
+@pytest.mark.gpu
+def test_softmax_scale_and_zero_scales():
+    q, k, v, cu_dev, cu = random_inputs([200, 0, 130], 8, seed=9, device="cuda")
+    q[3] = 0  # s_q = 0 rows
+    k[0:128, 1] = 2.5  # a constant 128-key block: s_k = 0
+    v[:, 2, 7] = 0  # a zero V channel: s_v = 0
+    got = run_op(q, k, v, cu_dev, cu, softmax_scale=0.3)
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.3)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got.float()).all()
+    assert rel_l2(got, want) <= 0.02
+    assert (got[:, 2, 7] == 0).all()
+
+
+@pytest.mark.gpu
+def test_tokens_zero_returns_empty():
+    q = torch.empty(0, 56, 128, dtype=torch.bfloat16, device="cuda")
+    cu = torch.zeros(1, dtype=torch.int32, device="cuda")
+    res = h3kernels.minimax_h3_varlen_attention_fp8(q, q, q, cu)
+    assert res.shape == (0, 56, 128) and res.dtype == torch.bfloat16 and res.is_cuda
+    out = torch.empty(0, 56, 128, dtype=torch.bfloat16, device="cuda")
+    assert h3kernels.minimax_h3_varlen_attention_fp8(q, q, q, torch.zeros(3, dtype=torch.int32, device="cuda"), out,
+                                                    cu_seqlens_host=[0, 0, 0]) is out
+
+
+@pytest.mark.gpu
+def test_repeated_runs_are_bitwise_identical():
+    q, k, v, cu_dev, cu = random_inputs([3000, 1, 1000], 56, seed=13, device="cuda")
+    first = run_op(q, k, v, cu_dev, cu)
+    for _ in range(3):
+        again = run_op(q, k, v, cu_dev, cu)
+        torch.cuda.synchronize()
+        assert torch.equal(first.view(torch.int16), again.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_cupy_inputs_give_the_torch_result():
+    import cupy
+
+    q, k, v, cu_dev, cu = random_inputs([100, 0, 700], 8, seed=17, device="cuda")
+    want = run_op(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    as_cupy = lambda x: cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)  # bf16 bits
+    cq, ck, cv = as_cupy(q), as_cupy(k), as_cupy(v)
+    ccu = cupy.asarray(np.array(cu, np.int32))
+    with cupy.cuda.Stream(non_blocking=True):
+        for host in (cu, None):
+            got = h3kernels.minimax_h3_varlen_attention_fp8(cq, ck, cv, ccu, cu_seqlens_host=host)
+            assert isinstance(got, cupy.ndarray) and got.shape == (800, 8, 128)
+            bits = torch.from_numpy(cupy.asnumpy(got.view(cupy.uint16)).view(np.int16))
+            assert torch.equal(bits, want.view(torch.int16).cpu())
+
+
+@pytest.mark.gpu
+def test_two_streams_at_once_match_serial_runs():
+    cases = [random_inputs([4096, 100], 56, seed=19, device="cuda"), random_inputs([129, 2500], 8, seed=23,
+                                                                                    device="cuda")]
+    serial = [run_op(q, k, v, cu_dev, cu) for q, k, v, cu_dev, cu in cases]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [torch.full(c[0].shape, float("nan"), dtype=torch.bfloat16, device="cuda") for c in cases]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for (q, k, v, cu_dev, cu), out, s in zip(cases, outs, streams):
+            with torch.cuda.stream(s):
+                h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu)
+    torch.cuda.synchronize()
+    for out, want in zip(outs, serial):
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    dev = torch.cuda.current_device()
+    held = {key: ws.nbytes for key, ws in A._workspaces.items() if key[0] == dev}
+    for s in streams:
+        assert held.get((dev, s.cuda_stream), 0) > 0  # one buffer per stream
+    assert h3kernels.workspace_bytes(dev) == sum(held.values()) == h3kernels.workspace_bytes(f"cuda:{dev}")
+
+
+BAD_GPU = [(m, e, s) for m, e, s in BAD] + [
+    (_set("cu_seqlens", lambda x: x.cpu()), ValueError, "cu_seqlens: got a tensor on cpu; need a CUDA tensor"),
+    (_set("cu_seqlens_host", lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")), TypeError,
+     "cu_seqlens_host: got a torch device array; need a host sequence of ints"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutate,exc,msg", BAD_GPU, ids=[f"bad-{i}" for i in range(len(BAD_GPU))])
+def test_gpu_bad_arguments_raise_before_launch_and_leave_out_untouched(mutate, exc, msg):
+    args = mutate(_args("cuda"))
+    args["out"] = torch.full((8, 2, 128), 7.0, dtype=torch.bfloat16, device="cuda")
+    before = h3kernels.workspace_bytes()
+    with pytest.raises(exc, match="^" + re.escape(msg)):
+        h3kernels.minimax_h3_varlen_attention_fp8(**args)
+    torch.cuda.synchronize()
+    assert (args["out"] == 7.0).all() and h3kernels.workspace_bytes() == before
+
+
+@pytest.mark.gpu
+def test_device_cu_seqlens_are_checked_after_one_copy():
+    args = _args("cuda")
+    args["cu_seqlens_host"] = None
+    args["cu_seqlens"] = torch.tensor([0, 3, 3, 9], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"^cu_seqlens: got last entry 9; need tokens = 8"):
+        h3kernels.minimax_h3_varlen_attention_fp8(**args)
