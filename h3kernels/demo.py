@@ -3,8 +3,8 @@ import time
 
 from .shapes import HIDDEN
 
-NOT_BUILT = ("minimax_h3_varlen_attention_fp8 is not built yet; its reference (CPU) definition is in "
-             "h3kernels.reference.")
+NOT_BUILT = ("minimax_h3_varlen_attention_fp8 is written but not yet validated on a GPU, so the demo "
+             "does not run it yet; its reference (CPU) definition is in h3kernels.reference.")
 
 
 def make_row_inputs(m, rows=50, device="cpu", seed=0):
