@@ -65,6 +65,21 @@ def e4m3x2_from_f32(lo, hi):
     return e4m3_from_f32(lo) | (e4m3_from_f32(hi) << 8)
 
 
+def bf16x2_from_f32(lo, hi):
+    """Two FP32 values -> a bf16 pair in 32 bits (lo in bits 0..15), each rounded as bf16_from_f32."""
+    return np.uint32(bf16_from_f32(lo) | (bf16_from_f32(hi) << 16))
+
+
+def f32_from_bf16_lo(w):
+    """The bf16 in bits 0..15 of a 32-bit word, as FP32."""
+    return np.uint32((int(w) << 16) & 0xFFFFFFFF).view(np.float32)
+
+
+def f32_from_bf16_hi(w):
+    """The bf16 in bits 16..31 of a 32-bit word, as FP32."""
+    return np.uint32(int(w) & 0xFFFF0000).view(np.float32)
+
+
 def div_rn(a, b):
     return np.float32(np.float32(a) / np.float32(b))
 
@@ -80,7 +95,8 @@ def sqrt_rn(a):
     return np.float32(math.sqrt(np.float32(a)))  # double rounding of sqrt from f64 is exact
 
 
-host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
+host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32, bf16x2_from_f32=bf16x2_from_f32,
+                       f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
                        div_rn=div_rn, sqrt_rn=sqrt_rn, near_e4m3_midpoint=near_e4m3_midpoint)
 
@@ -111,6 +127,15 @@ def _gpu_primitives():
         return types.uint16(types.float32), codegen
 
     @intrinsic
+    def _cvt_bf16x2(typingctx, lo, hi):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [args[1], args[0]])  # the first source lands in the high half
+
+        return types.uint32(types.float32, types.float32), codegen
+
+    @intrinsic
     def _cvt_e4m3x2(typingctx, lo, hi):
         def codegen(context, builder, sig, args):
             fnty = ir.FunctionType(ir.IntType(16), [ir.FloatType(), ir.FloatType()])
@@ -126,6 +151,18 @@ def _gpu_primitives():
     @cuda.jit(device=True)
     def g_bf16_from_f32(f):
         return _cvt_bf16(f)
+
+    @cuda.jit(device=True)
+    def g_bf16x2_from_f32(lo, hi):
+        return _cvt_bf16x2(lo, hi)
+
+    @cuda.jit(device=True)
+    def g_f32_from_bf16_lo(w):
+        return libdevice.int_as_float(int32(w << 16))
+
+    @cuda.jit(device=True)
+    def g_f32_from_bf16_hi(w):
+        return libdevice.int_as_float(int32(w & 0xFFFF0000))
 
     @cuda.jit(device=True)
     def g_e4m3x2_from_f32(lo, hi):
@@ -148,5 +185,7 @@ def _gpu_primitives():
         return (((libdevice.float_as_int(q) - 0x7FFFC) & 0xFFFFF) <= 8) | (abs(q) < float32(0.015625))
 
     return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
+                           bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
+                           f32_from_bf16_hi=g_f32_from_bf16_hi,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
                            div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, near_e4m3_midpoint=g_near_e4m3_midpoint)

@@ -80,3 +80,39 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
         end.synchronize()
         times.append(start.elapsed_time(end) / batch)
     return statistics.median(times)
+
+
+def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
+    """Median ms of the attention's quantization passes alone: varlen_attention_fp8_quant.launch
+    with the arguments varlen_attention_fp8._run gives it, into a workspace of our own (same
+    layout), back-to-back launches between one pair of events, the batch sized to about
+    budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors, as the operator takes them."""
+    import torch
+
+    from . import dispatch
+    from . import varlen_attention_fp8 as attn
+    from . import varlen_attention_fp8_quant as quant
+
+    cu = tuple(int(c) for c in cu_seqlens_host)
+    tokens, heads = int(q.shape[0]), int(q.shape[1])
+    blocks_host = quant.key_blocks(cu)
+    blocks = torch.from_numpy(blocks_host).to(q.device)
+    parts, nbytes = attn.layout(tokens, heads, len(cu) - 1, int(blocks_host.shape[0]))
+    mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
+    views = {name: dispatch._numba_view(mem.data_ptr() + off, shape, attn._contiguous(shape), dt, None, owner=mem)
+             for name, (off, shape, dt) in parts.items()}
+    args = (call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens), call.numba(blocks),
+            views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"], views["v8t"], views["s_v"])
+    stream = call.numba_stream()
+    with call.numba_device():
+        one = lambda: quant.launch(*args, stream=stream)
+        one()
+        est = median_ms(one, warmup=1, reps=3)
+        batch = max(1, min(20, int(budget_ms / max(est, 1e-3))))
+
+        def launches():
+            for _ in range(batch):
+                one()
+
+        return median_ms(launches, warmup=1, reps=reps) / batch

@@ -105,10 +105,13 @@ def test_reciprocal_fast_path_gives_the_same_e4m3_codes():
     assert ulps[exact != 0].max() <= 3
     qf = fast.numpy().ravel()
     unsure = np.array([near_e4m3_midpoint(v) for v in qf[:200_000]])
-    assert unsure.mean() < 0.01
     bits = fast.view(torch.int32).numpy().ravel()
     vec_unsure = (((bits - 0x7FFFC) & 0xFFFFF) <= 8) | (np.abs(qf) < 2.0 ** -6)
     assert np.array_equal(vec_unsure[:200_000], unsure)
+    # How often the kernel falls back to division: bf16 values have 8-bit mantissas, so a row's
+    # quotients take few distinct mantissas and some sit exactly on e4m3 midpoints. Over all 4M
+    # values the rate is 0.48% (max 0.61% over 20 seeds); a 200k prefix swings past 1%.
+    assert vec_unsure.mean() < 0.01
     sure = ~vec_unsure
     want = R.e4m3(exact).view(torch.uint8).numpy().ravel()
     got = R.e4m3(fast).view(torch.uint8).numpy().ravel()
