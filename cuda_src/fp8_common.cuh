@@ -63,3 +63,21 @@ __device__ __forceinline__ u16 bf16_from_f32(float f) {
 }
 
 __device__ __forceinline__ float round_bf16(float f) { return f32_from_bf16(bf16_from_f32(f)); }
+
+// Shared-memory addresses and the asynchronous-copy and ldmatrix instructions both kernels use.
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared through L2 only (never a stale L1 line); src_bytes = 0 fills zeros.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+

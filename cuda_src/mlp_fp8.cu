@@ -27,23 +27,7 @@
 // chunk ^ (row % 8): the 8 rows that one ldmatrix phase reads then hit 8 different bank groups.
 #define STAGE_BYTES ((BM + BN) * BK)
 
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 4); }
-
-// 16 bytes global -> shared; src_bytes = 0 fills zeros (rows past M).
-__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 
 // Loads the K slice [k0, k0 + BK) of the tile's A rows (m0 ...) and B rows (n0 ...) into a stage.
 // K is the row pitch of both operands; consumer threads 0 .. THREADS-1 share the copies.

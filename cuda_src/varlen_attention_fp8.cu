@@ -68,28 +68,12 @@
 // storage position p = 4t + b of each 16-key group holds key 2t + (b & 1) + 8 * (b >> 1).
 // The lane then loads B with the same ldmatrix as any K-major operand.
 
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
 // 128-byte rows (Q, K): 16-byte chunk c of row r at c ^ (r % 8), so the 8 rows one ldmatrix
 // phase reads fall in 8 different bank groups.
 __device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 // 64-byte rows (V^T, BKV keys): two rows share a 128-byte bank line, so rows 2i and 2i+1 take
 // the line's two halves and (row / 2) % 4 permutes the four chunks within a half.
 __device__ __forceinline__ u32 swz64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
-
-// 16 bytes global -> shared; src_bytes = 0 fills zeros.
-__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 
 __device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
   float y;
