@@ -1,13 +1,18 @@
 """Times minimax_h3_varlen_attention_fp8 against torch's bf16 attention and the e4m3 mma.sync
 ceiling, all in one run (issue 4, item 5).
 
-python bench/bench_attention.py [--quick] [--sets NAME ...] [--json PATH] [--reps N] [--budget-ms MS]
+python bench/bench_attention.py [--quick] [--sets NAME ...] [--variants both|exact|online] [--no-h3ref]
+                                [--json PATH] [--reps N] [--budget-ms MS]
 
 Segment sets (56 heads, head dim 128, non-causal, q/k/v bf16 randn [tokens, 56, 128]):
   4x4096, 16x1024, 1x16384, 7000+3000+6000+384 (ragged), 1x65536; --quick: 4x4096 and 1x16384.
 Methods, per set:
   ours          h3kernels.minimax_h3_varlen_attention_fp8 on the packed tensors, cu_seqlens_host
-                given (no device sync), `out` preallocated
+                given (no device sync), `out` preallocated, in each kernel variant of --variants
+                (default both): "exact" = varlen_attention_fp8.EXACT_MAX True (two passes over the
+                keys, P against the row's final max), "online" = EXACT_MAX False (one-pass online
+                softmax). The launcher reads EXACT_MAX at every call (it picks the compiled kernel),
+                so the bench sets it before each variant and restores it afterwards.
   cuDNN SDPA    F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
   flash SDPA    the same under SDPBackend.FLASH_ATTENTION
                 Equal-length sets: one batched call on [B, 56, L, 128] (strided views of the
@@ -28,7 +33,11 @@ set's q, k and v are 235 MB or more each, far beyond the L2, so inputs are not r
 All peers of every set run first, then ours (so that a fault in ours, which has a sticky CUDA
 error, cannot take the peers with it); ours' first call is polled with a timeout: a hang prints
 the report and exits with status 3. Sanity: ours and every peer against the cuDNN output (flash
-if cuDNN failed) on sampled tokens, rel L2 (ours expected ~0.05, bf16 peers ~0.003).
+if cuDNN failed) on sampled tokens, rel L2 (ours expected ~0.05, bf16 peers ~0.003); and each
+variant of ours against h3kernels.reference (same quantization) on the same sampled query rows,
+computed on the GPU with the reference's own quantize_attention_inputs and its formula for those
+rows only (reference_rows; issue 4 asks <= 0.02; the exact variant should be ~1e-3). --no-h3ref
+skips that (about a second per set, mostly the reference's per-token key-mean loop).
 The last lines of output are a table and a one-line JSON summary.
 """
 import argparse
@@ -53,6 +62,9 @@ QUICK = ("4x4096", "1x16384")
 SAMPLE_TOKENS = 4096  # tokens compared per set (plus every segment's first and last)
 PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"), ("cudnn_varlen", "cuDNN varlen"))
 PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is marked "!"
+VARIANTS = (("exact", True), ("online", False))  # (name, varlen_attention_fp8.EXACT_MAX)
+H3REF_OK_REL_L2 = 0.02  # issue 4: ours vs h3kernels.reference
+REF_ROWS_CHUNK = 256  # query rows per reference step: [56, 256, 65536] f32 scores = 3.8 GB
 
 
 def log(msg):
@@ -101,6 +113,43 @@ def sample_index(s, dev):
 def rel_l2(a, ref):
     a, ref = a.float(), ref.float()
     return float((a - ref).norm() / ref.norm())
+
+
+def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=REF_ROWS_CHUNK):
+    """h3kernels.reference.minimax_h3_varlen_attention_fp8 for the query rows idx only (bf16
+    [len(idx), heads, 128]), on the tensors' device. The quantization is the reference's own
+    (quantize_attention_inputs over every token: K means and V scales need whole segments); the
+    per-row formula below is the reference's, line for line, restricted to those rows, so the
+    whole-set reference (minutes of float32 scores at 1x65536) is never formed.
+    tests/test_varlen_attention_fp8.py checks it against the reference on the CPU."""
+    import math
+
+    from h3kernels import reference as R
+
+    scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
+    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu_host)
+    idx = idx.to(q.device)
+    res = torch.empty((idx.numel(), q.shape[1], HEAD_DIM), dtype=BF, device=q.device)
+    for a, b in zip(cu_host[:-1], cu_host[1:]):
+        pos = torch.nonzero((idx >= a) & (idx < b)).flatten()  # result rows of this segment
+        if b == a or pos.numel() == 0:
+            continue
+        kf = k8[a:b].to(torch.float32).transpose(0, 1)  # [heads, L, 128]
+        vf = v8[a:b].to(torch.float32).transpose(0, 1)
+        sk = s_k[a:b].T  # [heads, L]
+        sv = s_v[a].to(torch.float32)  # [heads, 128]
+        for c in range(0, pos.numel(), chunk):
+            p_rows = pos[c:c + chunk]
+            rows = idx[p_rows]
+            qf = q8[rows].to(torch.float32).transpose(0, 1)  # [heads, n, 128]
+            s = ((qf @ kf.transpose(1, 2)) * s_q[rows].T[:, :, None]) * sk[:, None, :] * scale
+            p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+            del s
+            l = p.sum(dim=-1)
+            o = R.e4m3(256.0 * p).to(torch.float32) @ vf
+            del p
+            res[p_rows] = R.bf16(o * sv[:, None, :] / (256.0 * l[:, :, None])).transpose(0, 1)
+    return res
 
 
 # --- torch peers -----------------------------------------------------------------------------
@@ -263,6 +312,17 @@ def run_peers(r, args, st, dev):
         st["refs"][r["name"]] = (idx, ref)
         log(f"  peers vs {ref_key} on {idx.numel()} tokens: "
             + (", ".join(f"{key} rel L2 {e:.4f}" for key, e in acc.items()) or "no other peer"))
+    if args.h3ref:  # here, before ours runs: a sticky CUDA error from ours cannot lose it
+        try:
+            t = time.time()
+            rows = reference_rows(s["q"], s["k"], s["v"], s["cu_host"], idx)
+            torch.cuda.synchronize()
+            st["h3refs"][r["name"]] = (idx, rows)
+            r["h3ref_s"] = time.time() - t
+            log(f"  h3kernels.reference on {idx.numel()} sampled query rows: {r['h3ref_s']:.1f} s")
+        except Exception as err:
+            r["h3ref_error"] = short(err)
+            log(f"  h3kernels.reference rows failed: {short(err)}")
 
 
 # --- phase 2: ours -----------------------------------------------------------------------------
@@ -277,13 +337,52 @@ def load_op():
 
 
 def run_ours(r, args, st, dev):
+    """Every variant of --variants on set r, then the quantization passes once (the same for both)."""
+    from h3kernels import varlen_attention_fp8 as attn
+
     s = make_set(r["lens"], r["heads"], r["seed"], dev)  # the same tensors as the peers saw
     q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
+    r["variants"] = {}
+    default = attn.EXACT_MAX
+    try:
+        for name, exact in args.variant_list:
+            attn.EXACT_MAX = exact  # read by the launcher at every call: picks the compiled kernel
+            o = r["variants"][name] = dict(
+                label=f"h3kernels.minimax_h3_varlen_attention_fp8, EXACT_MAX={exact} ({name}; cu_seqlens_host "
+                      "given, out preallocated)", exact_max=exact)
+            if exact == default or "ours" not in r:
+                r["ours"] = o  # the variant the package runs by default (targets, summary)
+            run_variant(r, name, o, s, st, args)  # raises Hung
+    finally:
+        attn.EXACT_MAX = default
+    timed = [o for o in r["variants"].values() if "stream_ms" in o]
+    if not timed:
+        return
+    try:
+        from h3kernels.timing import attention_quant_kernel_ms
+
+        qm = attention_quant_kernel_ms(q, k, v, cu, cu_host)
+        for o in timed:
+            o.update(quant_ms=qm, quant_share=qm / o["stream_ms"],
+                     quant_timed_as="varlen_attention_fp8_quant.launch alone")
+        log(f"  {r['name']}: quantization passes {qm:.4f} ms = "
+            + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["variants"].items() if "stream_ms" in o))
+    except Exception as err:
+        for o in timed:
+            o["quant_error"] = "not measured: " + short(err, 300)
+        log(f"  {r['name']}: quantization passes not measured ({short(err, 300)}); the whole op's time "
+            "includes them and no share is estimated")
+
+
+def run_variant(r, name, o, s, st, args):
+    """One kernel variant (varlen_attention_fp8.EXACT_MAX already set) on set r's tensors s."""
+    q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
     flops = r["flops"]
-    out = torch.empty_like(q)
+    # poisoned: a row the kernel fails to write shows up as non-finite, not as the previous variant's
+    out = torch.full_like(q, float("nan"))
     op = st["op"]
     ours = lambda: op(q, k, v, cu, out, cu_seqlens_host=cu_host)
-    o = r["ours"] = dict(label="h3kernels.minimax_h3_varlen_attention_fp8 (cu_seqlens_host given, out preallocated)")
+    tag = f"{r['name']} {name}"
     try:
         torch.cuda.synchronize()
         t = time.time()
@@ -295,20 +394,24 @@ def run_ours(r, args, st, dev):
         o.update(first_call_s=time.time() - t, first_call_host_s=launched)
     except Hung as err:
         o["error"] = "hung: " + str(err)
-        log(f"  {r['name']}: ours {o['error']}")
+        log(f"  {tag}: ours {o['error']}")
         raise
     except Exception as err:
         o["error"] = short(err, 600)
-        log(f"  {r['name']}: ours failed: {o['error']}")
+        log(f"  {tag}: ours failed: {o['error']}")
         return
     try:
-        ref = st["refs"].get(r["name"])
         first = None
-        if ref is not None:
-            idx, ref_rows = ref
+        ref = st["refs"].get(r["name"])
+        h3ref = st["h3refs"].get(r["name"])
+        idx = ref[0] if ref is not None else h3ref[0] if h3ref is not None else None
+        if idx is not None:
             first = out[idx].clone()
-            o["rel_l2_vs_ref"] = rel_l2(first, ref_rows)
             o["nonfinite_in_sample"] = int((~torch.isfinite(first.float())).sum())
+        if ref is not None:
+            o["rel_l2_vs_ref"] = rel_l2(first, ref[1])
+        if h3ref is not None:
+            o["rel_l2_vs_h3ref"] = rel_l2(first, h3ref[1])
         o.update(measure(ours, flops, args))
         if first is not None:
             o["bitwise_repeat"] = bool(torch.equal(out[idx], first))
@@ -320,26 +423,29 @@ def run_ours(r, args, st, dev):
         ours()
         o["host_ms"] = (time.perf_counter() - t) * 1e3
         torch.cuda.synchronize()
-        log(f"  {r['name']}: ours {fmt_t(o)}; first call {o['first_call_s']:.2f} s; host {o['host_ms']:.3f} ms/call"
-            + (f"; vs {r['ref']} rel L2 {o['rel_l2_vs_ref']:.4f}, non-finite {o['nonfinite_in_sample']}, "
-               f"bitwise repeat {o['bitwise_repeat']}" if first is not None else "; no reference"))
+        acc = []
+        if "rel_l2_vs_ref" in o:
+            acc.append(f"vs {r['ref']} rel L2 {o['rel_l2_vs_ref']:.4f}")
+        if "rel_l2_vs_h3ref" in o:
+            acc.append(f"vs h3kernels.reference rel L2 {o['rel_l2_vs_h3ref']:.4f}")
+        if first is not None:
+            acc.append(f"non-finite {o['nonfinite_in_sample']}, bitwise repeat {o['bitwise_repeat']}")
+        log(f"  {tag}: ours {fmt_t(o)}; first call {o['first_call_s']:.2f} s; host {o['host_ms']:.3f} ms/call; "
+            + ("; ".join(acc) if acc else "no reference"))
     except Exception as err:
         o["error"] = short(err, 600)
-        log(f"  {r['name']}: ours failed after its first call: {o['error']}")
-        return
-    try:
-        from h3kernels.timing import attention_quant_kernel_ms
-
-        qm = attention_quant_kernel_ms(q, k, v, cu, cu_host)
-        o.update(quant_ms=qm, quant_share=qm / o["stream_ms"], quant_timed_as="varlen_attention_fp8_quant.launch alone")
-        log(f"  {r['name']}: quantization passes {qm:.4f} ms = {qm / o['stream_ms']:.2%} of ours")
-    except Exception as err:
-        o["quant_error"] = "not measured: " + short(err, 300)
-        log(f"  {r['name']}: quantization passes not measured ({short(err, 300)}); the whole op's time "
-            "includes them and no share is estimated")
+        log(f"  {tag}: ours failed after its first call: {o['error']}")
 
 
 # --- report ----------------------------------------------------------------------------------
+
+def variants_of(r):
+    """[(variant name, ours' result dict)] of set r: one per timed variant, else r's plain "ours"
+    (an error set before any variant ran)."""
+    if r.get("variants"):
+        return list(r["variants"].items())
+    return [("", r.get("ours", {}))]
+
 
 def table(results, ceil, form, device, st):
     w = 16
@@ -347,32 +453,37 @@ def table(results, ceil, form, device, st):
     lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 mma.sync ceiling "
              + (f"{ceil:.0f} TFLOP/s (form {form})" if ceil else "n/a")
              + "; TFLOP/s from stream times; (x) = ours / peer ==",
-             f"{'set':>18} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'quant%':>7} {'relL2':>7} |"
-             + "".join(f" {label:>{w}}" for _, label in PEERS)]
+             f"{'set':>18} {'variant':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'quant%':>7} "
+             f"{'relL2':>7} {'vs h3ref':>8} |" + "".join(f" {label:>{w}}" for _, label in PEERS)]
     for r in results:
-        o = r.get("ours", {})
-        ok = "stream_ms" in o
-        tf = o.get("tflops")
-        cells = [f"{r['name']:>18}",
-                 f"{o['stream_ms']:9.3f}" if ok else f"{'n/a':>9}",
-                 f"{o['call_ms']:9.3f}" if ok else f"{'':>9}",
-                 f"{tf:5.0f}" if ok else f"{'':>5}",
-                 f"{tf / ceil:6.1%}" if ok and ceil else f"{'':>6}",
-                 f"{o['quant_share']:7.2%}" if "quant_share" in o else f"{'-':>7}",
-                 f"{o['rel_l2_vs_ref']:7.4f}" if "rel_l2_vs_ref" in o else f"{'-':>7}"]
-        line = " ".join(cells) + " |"
-        for key, _ in PEERS:
-            p = r.get(key, {})
-            if "tflops" in p:
-                mark = ("*" if p.get("per_segment") else "") + (
-                    "!" if p.get("rel_l2_vs_ref", 0) > PEER_OK_REL_L2 else "")
-                cell = f"{p['tflops']:.0f}{mark}" + (f" ({tf / p['tflops']:.2f}x)" if ok else "")
-            else:
-                cell = "-" if p.get("absent") or not p else "failed"
-            line += f" {cell:>{w}}"
-        lines.append(line)
+        for vname, o in variants_of(r):
+            ok = "stream_ms" in o
+            tf = o.get("tflops")
+            h3 = o.get("rel_l2_vs_h3ref")
+            cells = [f"{r['name']:>18}", f"{vname:>7}",
+                     f"{o['stream_ms']:9.3f}" if ok else f"{'n/a':>9}",
+                     f"{o['call_ms']:9.3f}" if ok else f"{'':>9}",
+                     f"{tf:5.0f}" if ok else f"{'':>5}",
+                     f"{tf / ceil:6.1%}" if ok and ceil else f"{'':>6}",
+                     f"{o['quant_share']:7.2%}" if "quant_share" in o else f"{'-':>7}",
+                     f"{o['rel_l2_vs_ref']:7.4f}" if "rel_l2_vs_ref" in o else f"{'-':>7}",
+                     (f"{h3:7.4f}" + ("!" if h3 > H3REF_OK_REL_L2 else " ")) if h3 is not None else f"{'-':>8}"]
+            line = " ".join(cells) + " |"
+            for key, _ in PEERS:
+                p = r.get(key, {})
+                if "tflops" in p:
+                    mark = ("*" if p.get("per_segment") else "") + (
+                        "!" if p.get("rel_l2_vs_ref", 0) > PEER_OK_REL_L2 else "")
+                    cell = f"{p['tflops']:.0f}{mark}" + (f" ({tf / p['tflops']:.2f}x)" if ok else "")
+                else:
+                    cell = "-" if p.get("absent") or not p else "failed"
+                line += f" {cell:>{w}}"
+            lines.append(line)
     lines.append("* per-segment SDPA calls (one per segment), not one varlen call;  ! peer rel L2 vs the "
                  f"reference > {PEER_OK_REL_L2};  relL2: ours vs the reference on sampled tokens (expected ~0.05)")
+    lines.append("variant: exact = EXACT_MAX True (two passes over the keys), online = EXACT_MAX False; vs h3ref: "
+                 f"rel L2 against h3kernels.reference on the same sampled query rows (! > {H3REF_OK_REL_L2}, "
+                 "issue 4's bound)")
     labels = [f"{key} = {lab}" for key, (lab, _) in st["varlen"].items()]
     labels += [f"{key}: {why}" for key, why in st["varlen_absent"].items()]
     refs = sorted({r["ref"] for r in results if "ref" in r})
@@ -380,17 +491,24 @@ def table(results, ceil, form, device, st):
     san = []
     for r in results:
         acc = dict(r.get("peer_rel_l2_vs_ref", {}))
-        if "rel_l2_vs_ref" in r.get("ours", {}):
-            acc = dict(ours=r["ours"]["rel_l2_vs_ref"], **acc)
+        for vname, o in reversed(variants_of(r)):
+            if "rel_l2_vs_ref" in o:
+                acc = {("ours_" + vname if vname else "ours"): o["rel_l2_vs_ref"], **acc}
         if acc:
             san.append(r["name"] + " " + " ".join(f"{k}={e:.4f}" for k, e in acc.items()))
     lines.append("sanity rel L2 vs reference: " + ("; ".join(san) if san else "n/a"))
-    hosts = [f"{r['name']} {r['ours']['host_ms']:.2f}/{r['ours']['stream_ms']:.2f}" for r in results
-             if "host_ms" in r.get("ours", {})]
+    hosts = [f"{r['name']} {vname} {o['host_ms']:.2f}/{o['stream_ms']:.2f}" for r in results
+             for vname, o in variants_of(r) if "host_ms" in o]
     if hosts:
         lines.append("ours host ms per call / GPU ms (a call that syncs shows host ~ GPU): " + ", ".join(hosts))
-    errs = {r["ours"].get("error") or r["ours"].get("quant_error") for r in results
-            if r.get("ours", {}).get("error") or r.get("ours", {}).get("quant_error")}
+    errs = set()
+    for r in results:
+        for vname, o in variants_of(r):
+            for key in ("error", "quant_error"):
+                if o.get(key):
+                    errs.add((vname + ": " if vname else "") + o[key])
+        if r.get("h3ref_error"):
+            errs.add(f"h3kernels.reference rows on {r['name']}: {r['h3ref_error']}")
     for e in sorted(errs):
         lines.append("ours: " + e)
     perr = {}
@@ -407,23 +525,22 @@ def table(results, ceil, form, device, st):
 
 def targets(results, ceil):
     t = {}
-    by = {r["name"]: r.get("ours", {}) for r in results}
-    for name in ("4x4096", "1x16384"):
-        o = by.get(name)
-        if o is None:
+    for r in results:
+        if r["name"] not in ("4x4096", "1x16384"):
             continue
-        if "tflops" in o and ceil:
-            pct = 100 * o["tflops"] / ceil
-            t[f"pct_ceil_{name}"] = f"{pct:.1f}% ({'met' if pct >= 50 else 'NOT met'}, >= 50%)"
-        else:
-            t[f"pct_ceil_{name}"] = "n/a"
-    o = by.get("4x4096")
-    if o is not None:
-        if "quant_share" in o:
-            q = 100 * o["quant_share"]
-            t["quant_4x4096"] = f"{q:.2f}% ({'met' if q < 10 else 'NOT met'}, < 10%)"
-        else:
-            t["quant_4x4096"] = "n/a"
+        for vname, o in variants_of(r):
+            suffix = f"_{vname}" if vname else ""
+            if "tflops" in o and ceil:
+                pct = 100 * o["tflops"] / ceil
+                t[f"pct_ceil_{r['name']}{suffix}"] = f"{pct:.1f}% ({'met' if pct >= 50 else 'NOT met'}, >= 50%)"
+            else:
+                t[f"pct_ceil_{r['name']}{suffix}"] = "n/a"
+            if r["name"] == "4x4096":
+                if "quant_share" in o:
+                    q = 100 * o["quant_share"]
+                    t[f"quant_4x4096{suffix}"] = f"{q:.2f}% ({'met' if q < 10 else 'NOT met'}, < 10%)"
+                else:
+                    t[f"quant_4x4096{suffix}"] = "n/a"
     return t
 
 
@@ -432,25 +549,29 @@ def summary(results, ceil, form):
              elapsed_s=round(time.time() - T0, 1))
     for r in results:
         e = {}
-        o = r.get("ours", {})
-        if "tflops" in o:
-            e.update(ours_ms=round(o["stream_ms"], 4), ours_tf=round(o["tflops"], 1))
-            if ceil:
-                e["pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
-            if "quant_share" in o:
-                e["quant_pct"] = round(100 * o["quant_share"], 2)
-            if "rel_l2_vs_ref" in o:
-                e["rel_l2"] = round(o["rel_l2_vs_ref"], 4)
-            if "host_ms" in o:
-                e["host_ms"] = round(o["host_ms"], 3)
-        elif "error" in o:
-            e["ours"] = "failed: " + o["error"][:120]
         for key, _ in PEERS:
             p = r.get(key, {})
             if "tflops" in p:
                 e[key + "_tf"] = round(p["tflops"], 1)
-                if "tflops" in o:
-                    e["x_" + key] = round(o["tflops"] / p["tflops"], 3)
+        for vname, o in variants_of(r):
+            pre = f"{vname}_" if vname else ""
+            if "tflops" in o:
+                e.update({pre + "ours_ms": round(o["stream_ms"], 4), pre + "ours_tf": round(o["tflops"], 1)})
+                if ceil:
+                    e[pre + "pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
+                if "quant_share" in o:
+                    e[pre + "quant_pct"] = round(100 * o["quant_share"], 2)
+                if "rel_l2_vs_ref" in o:
+                    e[pre + "rel_l2"] = round(o["rel_l2_vs_ref"], 4)
+                if "rel_l2_vs_h3ref" in o:
+                    e[pre + "rel_l2_h3ref"] = round(o["rel_l2_vs_h3ref"], 5)
+                if "host_ms" in o:
+                    e[pre + "host_ms"] = round(o["host_ms"], 3)
+                for key, _ in PEERS:
+                    if key + "_tf" in e:
+                        e[pre + "x_" + key] = round(o["tflops"] / r[key]["tflops"], 3)
+            elif "error" in o:
+                e[pre + "ours"] = "failed: " + o["error"][:120]
         s[r["name"]] = e
     s["targets"] = targets(results, ceil)
     return s
@@ -485,15 +606,20 @@ def main():
     p.add_argument("--reps", type=int, default=0, help="timed runs per method (default: from --budget-ms, 3..15)")
     p.add_argument("--budget-ms", type=float, default=400.0,
                    help="GPU time aimed at per method's call timing (reps = budget / one call)")
+    p.add_argument("--variants", choices=("both",) + tuple(n for n, _ in VARIANTS), default="both",
+                   help="kernel variants of ours to time: exact (two-pass max), online (one-pass softmax) or both")
+    p.add_argument("--no-h3ref", dest="h3ref", action="store_false",
+                   help="skip ours vs h3kernels.reference on the sampled rows")
     p.add_argument("--heads", type=int, default=H3_HEADS, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.variant_list = [(n, e) for n, e in VARIANTS if args.variants in ("both", n)]
     chosen = args.sets or (list(QUICK) if args.quick else names)
 
     dev = torch.device("cuda")
     dev_id = torch.cuda.current_device()
     name = torch.cuda.get_device_name(dev_id)
-    log(f"{name}, torch {torch.__version__}, sets {chosen}")
-    st = dict(refs={})
+    log(f"{name}, torch {torch.__version__}, sets {chosen}, variants {[n for n, _ in args.variant_list]}")
+    st = dict(refs={}, h3refs={})
     st["op"], st["op_why"] = load_op()
     if st["op_why"]:
         log("minimax_h3_varlen_attention_fp8 " + st["op_why"])

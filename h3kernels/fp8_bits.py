@@ -84,11 +84,26 @@ def div_rn(a, b):
     return np.float32(np.float32(a) / np.float32(b))
 
 
-def near_e4m3_midpoint(q):
-    """True where an FP32 value within 3 ulps of q could convert to another e4m3 code than q:
-    q lies within 4 ulps of an e4m3 midpoint (low 20 mantissa bits near 0x80000), or below
-    2**-6, where e4m3 is subnormal and its midpoints sit elsewhere."""
-    return (((f32_bits(q) - 0x7FFFC) & 0xFFFFF) <= 8) | (abs(q) < np.float32(0.015625))
+def fma_rn(x, y, z):
+    """RN32(x * y + z) with one rounding, as the GPU's fused multiply-add. x * y is exact in float64
+    (48 bits); TwoSum keeps the sum exact as t + e; t rounds to float32 as the exact sum does,
+    except when t sits exactly halfway between two float32 neighbours, where e decides."""
+    p = float(np.float32(x)) * float(np.float32(y))
+    z = float(np.float32(z))
+    t = p + z
+    if not math.isfinite(t):
+        return np.float32(t)
+    b = t - p
+    e = (p - (t - b)) + (z - b)
+    r = np.float32(t)
+    if e != 0 and math.isfinite(r):
+        lo = r if float(r) <= t else np.nextafter(r, np.float32(-np.inf))
+        hi = np.nextafter(lo, np.float32(np.inf))
+        if t == (float(lo) + float(hi)) / 2:
+            r = hi if e > 0 else lo
+    if r == 0 and t == 0 and e == 0:
+        r = np.float32(p + z)  # the IEEE sign of an exact zero sum
+    return np.float32(r)
 
 
 def sqrt_rn(a):
@@ -98,7 +113,7 @@ def sqrt_rn(a):
 host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32, bf16x2_from_f32=bf16x2_from_f32,
                        f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
-                       div_rn=div_rn, sqrt_rn=sqrt_rn, near_e4m3_midpoint=near_e4m3_midpoint)
+                       div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
 
 
 def primitives():
@@ -114,7 +129,7 @@ def primitives():
 
 def _gpu_primitives():
     from llvmlite import ir
-    from numba import cuda, float32, int32, types
+    from numba import cuda, int32, types
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
@@ -181,11 +196,11 @@ def _gpu_primitives():
         return libdevice.fsqrt_rn(a)
 
     @cuda.jit(device=True)
-    def g_near_e4m3_midpoint(q):
-        return (((libdevice.float_as_int(q) - 0x7FFFC) & 0xFFFFF) <= 8) | (abs(q) < float32(0.015625))
+    def g_fma_rn(x, y, z):
+        return libdevice.fmaf(x, y, z)
 
     return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
                            f32_from_bf16_hi=g_f32_from_bf16_hi,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
-                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, near_e4m3_midpoint=g_near_e4m3_midpoint)
+                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, fma_rn=g_fma_rn)

@@ -18,6 +18,7 @@ from numba import cuda, float32, uint32, uint64  # module level: the simulator s
 from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
 QUADS = HIDDEN // 4
+MIN_FAST_SCALE = 1e-30  # below this row scale the kernel divides (see quotient())
 QUADS_PER_THREAD = QUADS // ROW_THREADS
 assert QUADS_PER_THREAD * ROW_THREADS == QUADS
 
@@ -29,10 +30,23 @@ def _build():
     from .fp8_bits import primitives
 
     p = primitives()
-    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, near_e4m3_midpoint = (
-        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.near_e4m3_midpoint)
+    f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (
+        p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.fma_rn)
     # bf16 pairs in 32-bit words: one shift or mask per element to unpack, one cvt per pair to pack
     bf16x2, lo, hi = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi
+
+    @cuda.jit(device=True)
+    def quotient(a, s, inv):
+        """RN(a / s) given inv = RN(1 / s), without a division: a * inv is within about an ulp, and
+        one correction by the exact remainder (two FMAs, Markstein) rounds it correctly. Checked
+        for every bf16 a <= amax and every bf16 amax with s >= MIN_FAST_SCALE, by code:
+        tests/test_fp8_bits.py (a sample) and bench/quotient_sweep.py (all 1.04e9 pairs). An exact
+        product keeps its own sign: the correction would turn a = -0 into +0."""
+        q = float32(a * inv)
+        r = fma_rn(-q, s, a)
+        if r == float32(0.0):
+            return q
+        return fma_rn(r, inv, q)
 
     @cuda.jit(device=True)
     def word(quad, h):
@@ -106,25 +120,24 @@ def _build():
                 break
             half //= uint64(2)
         s_a = div_rn(f32_from_bf16(bf16_from_f32(max(max(red[0], red[1]), red[2]))), float32(E4M3_MAX))
-        # e4m3(RN(a / s_a)) without a division per element: a * RN(1/s_a) is within 3 ulps of
-        # RN(a / s_a) and converts to the same code unless it lies next to an e4m3 midpoint; a
-        # quad with such a value divides exactly. On randn-like rows 0.5% of values and 2% of quads
-        # take that branch: bf16 quotients often land exactly on a midpoint (tests/test_fp8_bits.py).
         live = valid and s_a > float32(0.0)
         inv = float32(0.0)
         if live:
             inv = div_rn(float32(1.0), s_a)
-        # Below 2**-126, 1/s_a overflows: 0 * inf would be NaN. Such rows divide every element.
-        exact_only = not (inv < float32(3.0e38))
+        # Rows this small (amax < 4.5e-28; 1/s_a even overflows below 2**-126) divide every element:
+        # the remainder of the correction can be subnormal there. The choice is per row, so no warp
+        # diverges on it.
+        exact_only = s_a < float32(MIN_FAST_SCALE)
         for j in range(QUADS_PER_THREAD):
             out = 0
             if live:
                 w0, w1 = word(xq[j], 0), word(xq[j], 1)
                 a0, a1, a2, a3 = lo(w0), hi(w0), lo(w1), hi(w1)
-                q0, q1, q2, q3 = float32(a0 * inv), float32(a1 * inv), float32(a2 * inv), float32(a3 * inv)
-                if exact_only | near_e4m3_midpoint(q0) | near_e4m3_midpoint(q1) | near_e4m3_midpoint(q2) \
-                        | near_e4m3_midpoint(q3):
+                if exact_only:
                     q0, q1, q2, q3 = div_rn(a0, s_a), div_rn(a1, s_a), div_rn(a2, s_a), div_rn(a3, s_a)
+                else:
+                    q0, q1 = quotient(a0, s_a, inv), quotient(a1, s_a, inv)
+                    q2, q3 = quotient(a2, s_a, inv), quotient(a3, s_a, inv)
                 out = e4m3x2(q0, q1) | (e4m3x2(q2, q3) << 16)
             a_q[row, t + uint64(j * ROW_THREADS)] = out
         if t == uint64(0):

@@ -212,7 +212,10 @@ def _device_plan(ws, call, cu_host, heads, stream):
         for host in (tiles, block_offset, blocks):
             dev = cupy.empty(host.shape, dtype=host.dtype)
             if host.size:
-                dev.set(host, stream=stream)  # async from the cached (kept alive) host array
+                # cudaMemcpyAsync on the caller's stream. From pageable memory it returns once the
+                # bytes are staged (so `blocks`, a temporary, may die), and the driver may wait for
+                # the stream there: a possible host wait once per new plan and stream, not per call
+                dev.set(host, stream=stream)
             arrays.append(dev)
     ws.plans[key] = hit = tuple(arrays)
     while len(ws.plans) > _PLANS_PER_STREAM:

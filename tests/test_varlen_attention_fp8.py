@@ -486,7 +486,9 @@ def test_without_host_seqlens_or_out(host, give_out):
 def test_softmax_scale_and_zero_scales():
     q, k, v, cu_dev, cu = random_inputs([200, 0, 130], 8, seed=9, device="cuda")
     q[3] = 0  # s_q = 0 rows
-    k[0:128, 1] = 2.5  # a constant 128-key block: s_k = 0
+    # s_k = 0 needs k' = k - mu = 0: a constant block inside a varying segment still has k' != 0,
+    # so the whole third segment [200, 330) is constant for head 1 (mu = 2.5 exactly, both blocks 0)
+    k[200:330, 1] = 2.5
     v[:, 2, 7] = 0  # a zero V channel: s_v = 0
     got = run_op(q, k, v, cu_dev, cu, softmax_scale=0.3)
     want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.3)
@@ -584,3 +586,23 @@ def test_device_cu_seqlens_are_checked_after_one_copy():
     args["cu_seqlens"] = torch.tensor([0, 3, 3, 9], dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match=r"^cu_seqlens: got last entry 9; need tokens = 8"):
         h3kernels.minimax_h3_varlen_attention_fp8(**args)
+
+
+def test_the_benchmarks_reference_rows_are_the_references():
+    """bench/bench_attention.py compares ours with h3kernels.reference on sampled query rows only
+    (reference_rows); those rows must be the whole-set reference's, bit for bit."""
+    import importlib.util
+
+    from h3kernels.jit import source_dir
+
+    path = source_dir().parent / "bench" / "bench_attention.py"
+    if not path.is_file():
+        pytest.skip("no bench/ beside the package (installed copy)")
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    q, k, v, _, cu = random_inputs([5, 0, 200, 130], 3, k_offset=5.0, seed=29)
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.2)
+    idx = torch.tensor([0, 4, 5, 6, 100, 204, 205, 300, 334])
+    got = bench.reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
+    assert torch.equal(got.view(torch.int16), want[idx].view(torch.int16))

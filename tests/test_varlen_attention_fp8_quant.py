@@ -19,8 +19,10 @@ def hard_inputs(seqlens, heads):
     cu = [0] + np.cumsum(seqlens).tolist()
     long_seg = int(np.argmax(seqlens))
     if seqlens[long_seg] >= 128 and heads > 1:
-        a = cu[long_seg]
-        k[a:a + 128, 1] = 3.0  # one constant 128-key block for head 1: s_k = 0
+        # s_k = 0 needs k' = k - mu = 0, i.e. keys equal to their segment's mean: a constant block
+        # inside a varying segment still has k' != 0 (and s_k > 0). So head 1's longest segment is
+        # constant throughout (mu = 3 exactly): every one of its 128-key blocks gets s_k = 0.
+        k[cu[long_seg]:cu[long_seg + 1], 1] = 3.0
     if t > 8:
         v[:, 0, 5] = 0  # a zero V channel
         q[7] = 0  # zero Q rows
