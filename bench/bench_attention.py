@@ -141,7 +141,8 @@ def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=REF_ROWS_CHU
         for c in range(0, pos.numel(), chunk):
             p_rows = pos[c:c + chunk]
             rows = idx[p_rows]
-            qf = q8[rows].to(torch.float32).transpose(0, 1)  # [heads, n, 128]
+            # gathered as raw bytes: index kernels need not know float8 on every torch build
+            qf = q8.view(torch.uint8)[rows].view(q8.dtype).to(torch.float32).transpose(0, 1)  # [heads, n, 128]
             s = ((qf @ kf.transpose(1, 2)) * s_q[rows].T[:, :, None]) * sk[:, None, :] * scale
             p = torch.exp(s - s.amax(dim=-1, keepdim=True))
             del s

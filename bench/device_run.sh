@@ -12,5 +12,5 @@ timeout 300 python3 -m pytest -q -rs -o faulthandler_timeout=100 -p no:cacheprov
   | tee "$OUT/pytest.log" | grep -v "^  File" | tail -25
 timeout 120 python3 bench/debug_row_mismatch.py "$OUT/mismatch.pt" > "$OUT/mismatch.log" 2>&1; tail -2 "$OUT/mismatch.log"
 timeout 60 python3 bench/bench_row.py --json "$OUT/bench_row.json" --sass "$OUT/row_kernel.sass" 2>&1 | tee "$OUT/bench_row.log" | tail -3
-timeout 150 python3 bench/bench_attention.py --quick --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1; tail -12 "$OUT/attention.log"
+timeout 150 python3 bench/bench_attention.py --quick --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1; tail -16 "$OUT/attention.log"
 timeout 120 python3 bench/bench_mlp.py --rows 16384 --json "$OUT/mlp.json" --compile-budget-s 45 > "$OUT/mlp.log" 2>&1; tail -4 "$OUT/mlp.log"
