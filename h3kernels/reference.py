@@ -166,11 +166,15 @@ def _segments(cu_seqlens):
 
 
 def key_mean(ks):
-    """FP32 mean over a segment's keys [L, heads, 128] in the K pass's order: the keys added one
-    after another in token order, then RN(sum / L)."""
+    """FP32 mean over a segment's keys [L, heads, 128] in the K pass's order: the keys of each
+    128-key block (from the segment's start) added in token order, the block sums added in block
+    order, then RN(sum / L)."""
     total = torch.zeros_like(ks[0])
-    for t in range(ks.shape[0]):
-        total = total + ks[t]
+    for b0 in range(0, ks.shape[0], 128):
+        part = torch.zeros_like(ks[0])
+        for t in range(b0, min(b0 + 128, ks.shape[0])):
+            part = part + ks[t]
+        total = total + part
     return div(total, ks.shape[0])
 
 

@@ -102,8 +102,12 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
     call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
     views = {name: dispatch._numba_view(mem.data_ptr() + off, shape, attn._contiguous(shape), dt, None, owner=mem)
              for name, (off, shape, dt) in parts.items()}
+    from .varlen_attention_fp8_plan import plan_host
+
+    block_offset = torch.from_numpy(plan_host(cu, heads)[1]).to(q.device)
     args = (call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens), call.numba(blocks),
-            views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"], views["v8t"], views["s_v"])
+            call.numba(block_offset), views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"],
+            views["v8t"], views["s_v"], views["partials"])
     stream = call.numba_stream()
     with call.numba_device():
         one = lambda: quant.launch(*args, stream=stream)

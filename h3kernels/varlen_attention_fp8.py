@@ -186,7 +186,8 @@ def layout(tokens, heads, segments, key_blocks):
     parts = (("q8", (tokens, heads, HEAD_DIM), "uint8"), ("k8", (tokens, heads, HEAD_DIM), "uint8"),
              ("v8t", (heads, HEAD_DIM, key_blocks * K_BLOCK), "uint8"), ("s_q", (tokens, heads), "float32"),
              ("s_k", (key_blocks, heads), "float32"), ("mu", (segments, heads, HEAD_DIM), "float32"),
-             ("s_v", (segments, heads, HEAD_DIM), "float32"))
+             ("s_v", (segments, heads, HEAD_DIM), "float32"),
+             ("partials", (2, key_blocks, heads, HEAD_DIM), "float32"))
     out, off = {}, 0
     for name, shape, dt in parts:
         out[name] = (off, shape, dt)
@@ -281,10 +282,9 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
                  for name, (off, shape, dt) in parts.items()}
         with call.numba_device():
             quant.launch(call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens),
-                         dispatch._numba_view(blocks.data.ptr, tuple(blocks.shape), _contiguous(blocks.shape),
-                                              "int64", None, owner=blocks),
+                         _cupy_as_numba(blocks, "int64"), _cupy_as_numba(block_offset, "int32"),
                          views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"], views["v8t"],
-                         views["s_v"], stream=call.numba_stream())
+                         views["s_v"], views["partials"], stream=call.numba_stream())
         ptr = lambda off: np.uint64(mem.ptr + parts[off][0])
         n_tiles = int(tiles.shape[0])
         with cupy.cuda.Device(call.device_id):
@@ -294,6 +294,10 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
                np.int64(key_blocks * K_BLOCK), np.float32(scale * LOG2E)),
               shared_mem=SMEM_BYTES, stream=stream)
             ws.event.record(stream)
+
+
+def _cupy_as_numba(a, raw):
+    return dispatch._numba_view(a.data.ptr, tuple(a.shape), _contiguous(a.shape), raw, None, owner=a)
 
 
 def _contiguous(shape):

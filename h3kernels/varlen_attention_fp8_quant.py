@@ -2,8 +2,9 @@
 
 contract.md, Attention details:
 - Q per (token, head): s_q = RN(amax / 448) over the 128 channels, q8 = e4m3(RN(q / s_q)).
-- K per (segment, head, channel): FP32 mean mu over the segment's keys (added in token order,
-  then RN(sum / L)); k' = RN(k - mu); per (128-key block from the segment's start, head):
+- K per (segment, head, channel): FP32 mean mu over the segment's keys (the keys of each
+  128-key block added in token order, the block sums added in block order, then RN(sum / L));
+  k' = RN(k - mu); per (128-key block from the segment's start, head):
   s_k = RN(amax |k'| / 448), k8 = e4m3(RN(k' / s_k)).
 - V per (segment, head, channel): s_v = RN(amax / 448) over the segment's keys,
   v8 = e4m3(RN(v / s_v)).
@@ -59,18 +60,36 @@ def _build():
         s_q[row] = s
 
     @cuda.jit
-    def k_mean_kernel(k, cu, mu):
-        """k: uint16 [tokens, heads, 128]; cu: int64 [segments + 1]; mu: f32 [segments, heads, 128].
-        Grid (segments, heads), one thread per channel."""
+    def kv_block_kernel(k, v, blocks, partials):
+        """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
+        amax |v| over them (f32 [2, n, heads, 128]). Grid (n, heads), one thread per channel: the
+        work of a long segment spreads over its blocks instead of one CTA per (segment, head)."""
+        blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        first, count = blocks[blk, 1], blocks[blk, 2]
+        total = float32(0.0)
+        amax = float32(0.0)
+        for t in range(first, first + count):
+            total = float32(total + f32_from_bf16(k[t, h, c]))
+            amax = max(amax, abs(f32_from_bf16(v[t, h, c])))
+        partials[0, blk, h, c] = total
+        partials[1, blk, h, c] = amax
+
+    @cuda.jit
+    def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
+        """mu = RN(the segment's block sums added in block order / L) and s_v = RN(amax / 448),
+        f32 [segments, heads, 128] each. Grid (segments, heads), one thread per channel."""
         seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         a, b = cu[seg], cu[seg + 1]
         total = float32(0.0)
-        for t in range(a, b):
-            total = float32(total + f32_from_bf16(k[t, h, c]))
+        amax = float32(0.0)
+        for blk in range(block_offset[seg], block_offset[seg + 1]):
+            total = float32(total + partials[0, blk, h, c])
+            amax = max(amax, partials[1, blk, h, c])
         mean = float32(0.0)
         if b > a:
             mean = div_rn(total, float32(b - a))
         mu[seg, h, c] = mean
+        s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
 
     @cuda.jit
     def k_quant_kernel(k, mu, blocks, k8, s_k):
@@ -101,16 +120,6 @@ def _build():
             s_k[blk, h] = s
 
     @cuda.jit
-    def v_scale_kernel(v, cu, s_v):
-        """v: uint16 [tokens, heads, 128]; s_v: f32 [segments, heads, 128]. Grid (segments, heads)."""
-        seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-        a, b = cu[seg], cu[seg + 1]
-        amax = float32(0.0)
-        for t in range(a, b):
-            amax = max(amax, abs(f32_from_bf16(v[t, h, c])))
-        s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
-
-    @cuda.jit
     def v_quant_kernel(v, s_v, blocks, v8t):
         """v8t: uint8 [heads, 128, n * 128] (the module docstring's layout). Grid (n, heads).
         Thread x first quantizes channel x of the block's keys into shared memory, then writes
@@ -130,7 +139,7 @@ def _build():
         for c in range(HEAD_DIM):
             v8t[h, c, col] = tile[key, c]
 
-    return q_kernel, k_mean_kernel, k_quant_kernel, v_scale_kernel, v_quant_kernel
+    return q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel
 
 
 def kernels():
@@ -168,21 +177,23 @@ def key_blocks(cu_seqlens_host):
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
-def launch(q, k, v, cu, blocks, q8, s_q, mu, k8, s_k, v8t, s_v, stream=None):
+def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
     """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int32 or int64 [segments + 1];
-    blocks: from key_blocks; outputs as the kernels' docstrings say. Arrays are Numba device
-    arrays (or numpy arrays in the simulator); work goes on `stream`."""
+    blocks: from key_blocks; block_offset: int [segments + 1], each segment's first block (the
+    plan's); partials: f32 [2, blocks, heads, 128] scratch; outputs as the kernels' docstrings
+    say. Arrays are Numba device arrays (or numpy arrays in the simulator); work goes on `stream`."""
     tokens, heads, _ = q.shape
     segments = cu.shape[0] - 1
-    qk, kmean, kq, vs, vq = kernels()
+    qk, kv_block, kv_segment, kq, vq = kernels()
     cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
     if tokens:
         rows = tokens * heads
         qk[cfg(-(-rows // ROWS_PER_CTA), ROWS_PER_CTA)](q.reshape(rows, HEAD_DIM), q8.reshape(rows, HEAD_DIM),
                                                         s_q.reshape(rows))
+    if blocks.shape[0]:
+        kv_block[cfg((blocks.shape[0], heads), HEAD_DIM)](k, v, blocks, partials)
     if segments and tokens:
-        kmean[cfg((segments, heads), HEAD_DIM)](k, cu, mu)
-        vs[cfg((segments, heads), HEAD_DIM)](v, cu, s_v)
+        kv_segment[cfg((segments, heads), HEAD_DIM)](cu, block_offset, partials, mu, s_v)
     if blocks.shape[0]:
         kq[cfg((blocks.shape[0], heads), HEAD_DIM)](k, mu, blocks, k8, s_k)
         vq[cfg((blocks.shape[0], heads), HEAD_DIM)](v, s_v, blocks, v8t)

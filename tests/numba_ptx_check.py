@@ -22,13 +22,15 @@ def main():
     cases = {"mlp_fp8_row": (mlp_fp8_row.kernel(), (
         z((2, 1344), u64), z(1344, u64), z(9000, u64), z(9000, u64), 4032, 3, z(2, i64), 1e-5,
         z((2, 1344), u32), z(2, f32)))}
-    qk, kmean, kq, vs, vq = quant.kernels()
+    qk, kv_block, kv_segment, kq, vq = quant.kernels()
     cases.update({
         "q_kernel": (qk, (z((t * h, 128), u16), z((t * h, 128), u8), z(t * h, f32))),
-        "k_mean_kernel": (kmean, (z((t, h, 128), u16), z(3, i32), z((2, h, 128), f32))),
+        "kv_block_kernel": (kv_block, (z((t, h, 128), u16), z((t, h, 128), u16), z((blocks, 3), i64),
+                                       z((2, blocks, h, 128), f32))),
+        "kv_segment_kernel": (kv_segment, (z(3, i32), z(3, i32), z((2, blocks, h, 128), f32), z((2, h, 128), f32),
+                                           z((2, h, 128), f32))),
         "k_quant_kernel": (kq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64), z((t, h, 128), u8),
                                 z((blocks, h), f32))),
-        "v_scale_kernel": (vs, (z((t, h, 128), u16), z(3, i32), z((2, h, 128), f32))),
         "v_quant_kernel": (vq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64),
                                 z((h, 128, blocks * 128), u8))),
     })

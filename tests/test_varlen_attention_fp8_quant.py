@@ -34,12 +34,14 @@ def run(q, k, v, cu):
     segs = len(cu) - 1
     blocks = Q.key_blocks(cu)
     bits = lambda x: x.view(torch.int16).numpy().view(np.uint16)
-    arrays = dict(q=bits(q), k=bits(k), v=bits(v), cu=np.array(cu, np.int64), blocks=blocks,
+    block_offset = np.concatenate([[0], np.cumsum(-(-np.diff(cu) // 128))]).astype(np.int32)
+    arrays = dict(q=bits(q), k=bits(k), v=bits(v), cu=np.array(cu, np.int64), blocks=blocks, block_offset=block_offset,
                   q8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_q=np.full((tokens, heads), np.nan, np.float32),
                   mu=np.full((segs, heads, 128), np.nan, np.float32), k8=np.full((tokens, heads, 128), 0x7F, np.uint8),
                   s_k=np.full((len(blocks), heads), np.nan, np.float32),
                   v8t=np.full((heads, 128, len(blocks) * 128), 0x7F, np.uint8),
-                  s_v=np.full((segs, heads, 128), np.nan, np.float32))
+                  s_v=np.full((segs, heads, 128), np.nan, np.float32),
+                  partials=np.full((2, len(blocks), heads, 128), np.nan, np.float32))
     if SIM:
         Q.launch(**arrays)
         return arrays
