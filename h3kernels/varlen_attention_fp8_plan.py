@@ -22,8 +22,10 @@ def _plan_host(cu, heads):
     order = np.argsort(-lens, kind="stable")  # longest first; equal lengths keep their order
     rows = []
     for s in order:
-        for q0 in range(0, int(lens[s]), Q_TILE):
-            for h in range(heads):
+        # query tiles fastest: the CTAs in flight read the K and V of one (segment, head) from L2,
+        # instead of those of up to 132 heads from memory
+        for h in range(heads):
+            for q0 in range(0, int(lens[s]), Q_TILE):
                 rows.append((starts[s], lens[s], starts[s] + q0, h, s))
     tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
     # first K scale block of each segment: blocks are numbered segment after segment

@@ -17,6 +17,9 @@ def test_plan_covers_every_query_tile_and_head_once_longest_first():
         assert (start, length) in segments and (cu[seg], cu[seg + 1]) == (start, start + length)
         assert start <= q0 < start + length and 0 <= head < 3
     assert block_offset.tolist() == [0, 0, 1, 2, 3, 5, 37, 37]
+    # within a segment, a head's query tiles are consecutive (they share its K and V in L2)
+    long = tiles[tiles[:, 1] == 4096]
+    assert long[:32, 3].tolist() == [0] * 32 and long[:32, 2].tolist() == list(range(385, 4481, 128))
 
 
 def test_plan_is_cached_per_content_and_heads():
