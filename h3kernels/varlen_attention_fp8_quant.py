@@ -24,12 +24,13 @@ cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 import threading
 
 import numpy as np
-from numba import cuda, float32, uint8  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint8, uint32, uint64  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HEAD_DIM
 from .varlen_attention_fp8_plan import K_BLOCK
 
-ROWS_PER_CTA = 128
+Q_ROWS_PER_CTA = 8
+Q_THREADS = 32 * Q_ROWS_PER_CTA
 V_TILE_COLS = HEAD_DIM + 1  # +1: column reads hit distinct banks. A global: Numba needs a literal shape
 _lock = threading.Lock()
 _kernels = None
@@ -40,24 +41,40 @@ def _build():
 
     p = primitives()
     f32_from_bf16, e4m3, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
+    lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
 
     @cuda.jit
     def q_kernel(q, q8, s_q):
-        """q: uint16 [rows, 128] (rows = tokens * heads); q8: uint8 [rows, 128]; s_q: f32 [rows]."""
-        row = cuda.blockIdx.x * ROWS_PER_CTA + cuda.threadIdx.x
-        if row >= q.shape[0]:
-            return
-        amax = float32(0.0)
-        for c in range(HEAD_DIM):
-            amax = max(amax, abs(f32_from_bf16(q[row, c])))
-        s = div_rn(amax, float32(E4M3_MAX))
-        for c in range(0, HEAD_DIM, 2):
-            pair = 0
+        """q: uint64 [rows, 32] (bf16 quads; rows = tokens * heads); q8: uint32 [rows, 32] (e4m3
+        quads); s_q: f32 [rows]. A warp per row: its 32 lanes read the row's 256 bytes at once."""
+        t = cuda.threadIdx.x
+        lane, r = t % 32, t // 32
+        row = cuda.blockIdx.x * Q_ROWS_PER_CTA + r
+        red = cuda.shared.array(Q_THREADS, float32)
+        live = row < q.shape[0]
+        w0 = uint32(0)
+        w1 = uint32(0)
+        if live:
+            quad = q[row, lane]
+            w0 = uint32(quad & uint64(0xFFFFFFFF))
+            w1 = uint32(quad >> uint64(32))
+        red[t] = max(max(abs(lo(w0)), abs(hi(w0))), max(abs(lo(w1)), abs(hi(w1))))
+        cuda.syncthreads()
+        width = 16
+        while width > 0:  # shared-memory tree per row: the simulator has no warp shuffles
+            if lane < width:
+                red[t] = max(red[t], red[t + width])
+            cuda.syncthreads()
+            width //= 2
+        s = div_rn(red[r * 32], float32(E4M3_MAX))
+        if live:
+            out = uint32(0)
             if s > float32(0.0):
-                pair = e4m3x2(div_rn(f32_from_bf16(q[row, c]), s), div_rn(f32_from_bf16(q[row, c + 1]), s))
-            q8[row, c] = pair & 0xFF
-            q8[row, c + 1] = pair >> 8
-        s_q[row] = s
+                out = uint32(e4m3x2(div_rn(lo(w0), s), div_rn(hi(w0), s))
+                             | (e4m3x2(div_rn(lo(w1), s), div_rn(hi(w1), s)) << 16))
+            q8[row, lane] = out
+            if lane == 0:
+                s_q[row] = s
 
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials):
@@ -188,8 +205,8 @@ def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
     if tokens:
         rows = tokens * heads
-        qk[cfg(-(-rows // ROWS_PER_CTA), ROWS_PER_CTA)](q.reshape(rows, HEAD_DIM), q8.reshape(rows, HEAD_DIM),
-                                                        s_q.reshape(rows))
+        qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](q.reshape(rows, HEAD_DIM).view(np.uint64),
+                                                        q8.reshape(rows, HEAD_DIM).view(np.uint32), s_q.reshape(rows))
     if blocks.shape[0]:
         kv_block[cfg((blocks.shape[0], heads), HEAD_DIM)](k, v, blocks, partials)
     if segments and tokens:

@@ -24,7 +24,7 @@ def main():
         z((2, 1344), u32), z(2, f32)))}
     qk, kv_block, kv_segment, kq, vq = quant.kernels()
     cases.update({
-        "q_kernel": (qk, (z((t * h, 128), u16), z((t * h, 128), u8), z(t * h, f32))),
+        "q_kernel": (qk, (z((t * h, 32), u64), z((t * h, 32), u32), z(t * h, f32))),
         "kv_block_kernel": (kv_block, (z((t, h, 128), u16), z((t, h, 128), u16), z((blocks, 3), i64),
                                        z((2, blocks, h, 128), f32))),
         "kv_segment_kernel": (kv_segment, (z(3, i32), z(3, i32), z((2, blocks, h, 128), f32), z((2, h, 128), f32),
