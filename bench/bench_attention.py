@@ -51,6 +51,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from h3kernels.compare import rel_l2
 from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops
 from h3kernels.timing import median_ms, median_ms_batched
 
@@ -108,11 +109,6 @@ def sample_index(s, dev):
     cu = torch.tensor(s["cu_host"])
     idx = torch.cat([torch.arange(0, s["tokens"], step), cu[:-1], cu[1:] - 1])
     return torch.unique(idx[(idx >= 0) & (idx < s["tokens"])]).to(dev)
-
-
-def rel_l2(a, ref):
-    a, ref = a.float(), ref.float()
-    return float((a - ref).norm() / ref.norm())
 
 
 def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=REF_ROWS_CHUNK):

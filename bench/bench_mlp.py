@@ -26,10 +26,11 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from h3kernels import reference as R
+from h3kernels.compare import cos, rel_l2
 from h3kernels.demo import make_row_inputs
+from h3kernels.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
 from h3kernels.shapes import FFN, HIDDEN, mlp_flops
 from h3kernels.timing import median_ms, median_ms_batched
 
@@ -46,65 +47,6 @@ def log(msg):
 def short(err, n=240):
     s = f"{type(err).__name__}: {err}".replace("\n", " ")
     return s if len(s) <= n else s[:n] + " ..."
-
-
-# --- torch peers -------------------------------------------------------------------------
-
-def guard(idx, rows):
-    valid = (idx >= 0) & (idx < rows)
-    return torch.where(valid, idx, torch.zeros_like(idx)), valid
-
-
-def row_stage(x, wn, sc, sh, i, eps):
-    """a = bf16 AdaLN(RMSNorm(x)): FP32 mean of squares and rsqrt, then bf16 arithmetic."""
-    xf = x.float()
-    n = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(BF) * wn
-    return n * (1 + sc[i]) + sh[i]
-
-
-def quant_rows(v):
-    """Per-token e4m3: s = amax / 448 (f32 [M, 1]), q = e4m3(clamp(v / s)); zero rows give q = 0."""
-    s = (v.abs().amax(dim=-1, keepdim=True).float() / 448.0).clamp_min(1e-12)
-    return (v.float() / s).clamp(-448.0, 448.0).to(E4), s
-
-
-def swiglu(h):
-    return F.silu(h[:, :FFN]) * h[:, FFN:]
-
-
-def gated_residual(res, gate, i, valid, o):
-    return res + torch.where(valid[:, None], gate[i], torch.zeros((), dtype=gate.dtype, device=gate.device)) * o
-
-
-def mlp_bf16(x, wn, sc, sh, idx, gate, res, w1, w2, eps=1e-5):
-    i, valid = guard(idx, sc.shape[0])
-    a = row_stage(x, wn, sc, sh, i, eps)
-    return gated_residual(res, gate, i, valid, swiglu(a @ w1.t()) @ w2.t())
-
-
-def fc1_fp8(a_q, s_a, w1q, w1s):
-    return torch._scaled_mm(a_q, w1q.t(), scale_a=s_a, scale_b=w1s, out_dtype=BF)
-
-
-def fc2_fp8(y_q, s_y, w2q, w2s):
-    return torch._scaled_mm(y_q, w2q.t(), scale_a=s_y, scale_b=w2s, out_dtype=BF)
-
-
-def mlp_fp8(x, wn, sc, sh, idx, gate, res, w1q, w1s, w2q, w2s, eps=1e-5):
-    """w1q [28672, 5376] e4m3 in logical order (gate rows, then up rows), w1s [1, 28672] f32;
-    w2q [5376, 14336] e4m3, w2s [1, 5376] f32. Weights go to _scaled_mm column-major (w.t())."""
-    i, valid = guard(idx, sc.shape[0])
-    a_q, s_a = quant_rows(row_stage(x, wn, sc, sh, i, eps))
-    y_q, s_y = quant_rows(swiglu(fc1_fp8(a_q, s_a, w1q, w1s)))
-    return gated_residual(res, gate, i, valid, fc2_fp8(y_q, s_y, w2q, w2s))
-
-
-def fp8_gemm_inputs(x, wn, sc, sh, idx, gate, res, w1q, w1s, w2q, w2s, eps=1e-5):
-    """The two _scaled_mm operand sets of mlp_fp8 for one input set (untimed)."""
-    i, _ = guard(idx, sc.shape[0])
-    a_q, s_a = quant_rows(row_stage(x, wn, sc, sh, i, eps))
-    y_q, s_y = quant_rows(swiglu(fc1_fp8(a_q, s_a, w1q, w1s)))
-    return a_q, s_a, y_q, s_y
 
 
 # --- the operator under test ---------------------------------------------------------------
@@ -320,7 +262,7 @@ def run_m(m, st, args):
         res["fp8_compile"] = dict(error=st.get("compile_why", "disabled (--no-compile)"))
 
     try:
-        gsets = [fp8_gemm_inputs(*s, w1q, w1s, w2q, w2s) for s in sets]
+        gsets = [fp8_gemm_inputs(*s[:5], w1q, w1s) for s in sets]
         record("gemms", lambda g: (fc1_fp8(g[0], g[1], w1q, w1s), fc2_fp8(g[2], g[3], w2q, w2s)), gsets)
         del gsets
     except Exception as err:
@@ -329,7 +271,7 @@ def run_m(m, st, args):
     # sanity: out - residual of ours and of fp8 eager against bf16 eager, on set 0
     try:
         x, wn, sc, sh, idx, gate, resid = sets[0]
-        _, valid = guard(idx, sc.shape[0])
+        _, valid = R.index_guard(idx, sc.shape[0])
         ref = (mlp_bf16(*sets[0], w1, w2).float() - resid.float())[valid]
         cmp = dict(fp8_eager=mlp_fp8(*sets[0], w1q, w1s, w2q, w2s))
         if "error" not in res["ours"]:
@@ -338,8 +280,7 @@ def run_m(m, st, args):
         acc = {}
         for name, o in cmp.items():
             d = (o.float() - resid.float())[valid]
-            acc[name] = dict(rel_l2=float((d - ref).norm() / ref.norm()),
-                             cos=float(F.cosine_similarity(d.flatten(), ref.flatten(), dim=0)))
+            acc[name] = dict(rel_l2=rel_l2(d, ref), cos=cos(d, ref))
         del ref, cmp, d
         res["delta_vs_bf16"] = acc
         log("  out - residual vs bf16 eager: " + ", ".join(f"{k} rel L2 {v['rel_l2']:.4f} cos {v['cos']:.5f}"

@@ -158,7 +158,9 @@ __device__ __forceinline__ void mma_stage(float (&acc)[4][4][4], const u8* stage
 }
 
 // Every tile of this CTA (tile = blockIdx.x, += gridDim.x): acc = A[m0 ..) . B[n0 ..)^T over K
-// bytes of e4m3, then epilogue(acc, m0, n0), which must not touch shared memory.
+// bytes of e4m3, then, for each output row this thread holds (row < M), epilogue(acc[mi], half,
+// row, col): the row's values are acc[mi][ni][2 * half + e] at columns col + 8 * ni + e (the
+// m16n8 C layout). The epilogue must not touch shared memory.
 template <int K, bool kProducers, int KS_STEP, class Epilogue>
 __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__ a, const u8* __restrict__ b,
                                                 const int* flags, int M, int n_tiles, Epilogue epilogue) {
@@ -187,7 +189,15 @@ __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__
       mma_stage<KS_STEP>(acc, smem + slot * STAGE_BYTES);
       slot = slot + 1 == STAGES ? 0 : slot + 1;
     }
-    epilogue(acc, m0, n0);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int col = n0 + (warp & 3) * 32 + 2 * (lane & 3);
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + (warp >> 2) * 64 + mi * 16 + (lane >> 2) + 8 * half;
+        if (row < M) epilogue(acc[mi], half, row, col);
+      }
   }
   cp_async_wait<0>();
 }
@@ -198,23 +208,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     h3_mlp_fc1(const u8* __restrict__ a_q, const float* __restrict__ a_scale, const u8* __restrict__ w1_q,
                const float* __restrict__ w1_scale, u16* __restrict__ y, int M) {
   extern __shared__ __align__(128) u8 smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warp_m = warp >> 2, warp_n = warp & 3;
-  const int g = lane >> 2, t = lane & 3;
-  persistent_gemm<HIDDEN, false, KS_STEP_FC1>(smem, a_q, w1_q, nullptr, M, FC1_OUT / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
-    // Epilogue: n8 fragments (0, 1) and (2, 3) are the gate and up rows of 8 logical columns.
-#pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warp_m * 64 + mi * 16 + g + 8 * half;
-        if (row >= M) continue;
+  // n8 fragments (0, 1) and (2, 3) of a row are the gate and up values of 8 logical columns.
+  persistent_gemm<HIDDEN, false, KS_STEP_FC1>(
+      smem, a_q, w1_q, nullptr, M, FC1_OUT / BN, [&](const float (&acc)[4][4], int half, int row, int col) {
         const float sa = a_scale[row];
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
-          const int pg = n0 + warp_n * 32 + pair * 16 + 2 * t;  // prepacked gate column (even)
-          const float* gate = acc[mi][2 * pair] + 2 * half;
-          const float* up = acc[mi][2 * pair + 1] + 2 * half;
+          const int pg = col + pair * 16;  // prepacked gate column (even)
+          const float* gate = acc[2 * pair] + 2 * half;
+          const float* up = acc[2 * pair + 1] + 2 * half;
           u32 packed = 0;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -222,12 +224,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const float hu = round_bf16((up[e] * sa) * w1_scale[pg + 8 + e]);
             packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
           }
-          const int col = (pg / 16) * 8 + (pg % 8);  // logical y column of pg
-          *reinterpret_cast<u32*>(y + (i64)row * FFN + col) = packed;
+          const int logical = (pg / 16) * 8 + (pg % 8);  // y column of pg
+          *reinterpret_cast<u32*>(y + (i64)row * FFN + logical) = packed;
         }
-      }
-    }
-  });
+      });
 }
 
 // --- FC2: y quantization (producer warps) + GEMM + gate and residual epilogue ----------------
@@ -326,23 +326,15 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
     produce_y_q(y, y_q, y_scale, flags, M);
     return;
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warp_m = warp >> 2, warp_n = warp & 3;
-  const int g = lane >> 2, t = lane & 3;
-  persistent_gemm<FFN, true, KS_STEP_FC2>(smem, y_q, w2_q, flags, M, HIDDEN / BN, [&](float (&acc)[4][4][4], int m0, int n0) {
-#pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warp_m * 64 + mi * 16 + g + 8 * half;
-        if (row >= M) continue;
+  persistent_gemm<FFN, true, KS_STEP_FC2>(
+      smem, y_q, w2_q, flags, M, HIDDEN / BN, [&](const float (&acc)[4][4], int half, int row, int col0) {
         const float sy = __ldcg(y_scale + row);  // written by a producer during this launch
         const i64 idx = adaln_index[row];
         const bool guarded = idx < 0 || idx >= gate_rows;
         const u16* gate_row = gate + (guarded ? 0 : idx) * gate_stride;
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) {
-          const int col = n0 + warp_n * 32 + ni * 8 + 2 * t;
+          const int col = col0 + ni * 8;
           const i64 at = (i64)row * HIDDEN + col;
           const u32 res = *reinterpret_cast<const u32*>(residual + at);  // read before out (may alias) is written
           u32 packed = res;
@@ -350,14 +342,12 @@ extern "C" __global__ void __launch_bounds__(THREADS + PRODUCERS, 1)
             packed = 0;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float o = round_bf16((acc[mi][ni][2 * half + e] * sy) * w2_scale[col + e]);
+              const float o = round_bf16((acc[ni][2 * half + e] * sy) * w2_scale[col + e]);
               const float go = round_bf16(f32_from_bf16(gate_row[col + e]) * o);
               packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res >> (16 * e))) + go) << (16 * e);
             }
           }
           *reinterpret_cast<u32*>(out + at) = packed;
         }
-      }
-    }
-  });
+      });
 }

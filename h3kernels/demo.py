@@ -1,6 +1,7 @@
 """`python -m h3kernels demo`: what exists, run at MiniMax-H3 sizes and checked against the reference."""
 import time
 
+from .compare import bf16_ulps, cos, rel_l2
 from .shapes import HIDDEN
 
 NOT_BUILT = ("minimax_h3_varlen_attention_fp8 is written but not yet validated on a GPU, so the demo "
@@ -19,16 +20,6 @@ def make_row_inputs(m, rows=50, device="cpu", seed=0):
     idx = torch.randint(0, rows, (m,), generator=g, device=device)
     idx[::7] = rows + 3
     return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
-
-
-def _rel_l2(a, b):
-    return float((a - b).double().norm() / b.double().norm())
-
-
-def _cos(a, b):
-    import torch
-
-    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
 def run_cpu(args):
@@ -53,7 +44,7 @@ def run_cpu(args):
     delta = out.float() - residual.float()
     ok = (R.index_guard(idx, rows)[1])
     print(f"MLP reference, M={m}: out - residual vs unquantized FP32: "
-          f"cos {_cos(delta[ok], exact[ok]):.5f}, rel L2 {_rel_l2(delta[ok], exact[ok]):.4f} "
+          f"cos {cos(delta[ok], exact[ok]):.5f}, rel L2 {rel_l2(delta[ok], exact[ok]):.4f} "
           f"({time.time() - t0:.1f} s)")
 
     t0 = time.time()
@@ -64,7 +55,7 @@ def run_cpu(args):
     o = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
     e = R.attention_exact(q, k, v, cu)
     print(f"attention reference, segments {[b - a for a, b in zip(seg, seg[1:])]}, {heads} heads: "
-          f"rel L2 vs float64 softmax {_rel_l2(o, e):.4f} ({time.time() - t0:.1f} s)")
+          f"rel L2 vs float64 softmax {rel_l2(o, e):.4f} ({time.time() - t0:.1f} s)")
     print("\n" + NOT_BUILT)
     return 0
 
@@ -107,22 +98,6 @@ def run_gpu(args):
     return 0 if same_q == 0 and same_s == 0 and mlp_ok else 1
 
 
-def torch_bf16_mlp(x, w, sc, sh, idx, gate, residual, w1, w2, eps=1e-5):
-    """torch's own path for the same block: bf16 weights and matmuls, no quantization."""
-    import torch
-
-    from .shapes import FFN
-
-    valid = ((idx >= 0) & (idx < sc.shape[0]))[:, None]
-    i = idx.clamp(0, sc.shape[0] - 1)
-    xf = x.float()
-    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).bfloat16() * w
-    a = (n * (1 + sc[i]) + sh[i]) * valid
-    h = a @ w1.T
-    y = torch.nn.functional.silu(h[:, :FFN]) * h[:, FFN:]
-    return residual + gate[i] * (y @ w2.T) * valid
-
-
 def run_gpu_mlp(m, x, w, sc, sh, idx):
     """The whole MLP at MiniMax-H3 sizes: each stage against the reference, time beside torch's path."""
     import torch
@@ -131,6 +106,7 @@ def run_gpu_mlp(m, x, w, sc, sh, idx):
     from . import reference as R
     from .shapes import FC1_OUT, FFN
     from .timing import median_ms
+    from .torch_mlp import mlp_bf16
 
     g = torch.Generator(device="cuda").manual_seed(2)
     w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device="cuda") * HIDDEN ** -0.5).bfloat16()
@@ -145,7 +121,7 @@ def run_gpu_mlp(m, x, w, sc, sh, idx):
     args = (x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
     out = h3kernels.minimax_h3_mlp_fp8(*args, **ws)
     a_q, a_s = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
-    over = lambda got, want: int((_ulps(got, want) > 1).sum())
+    over = lambda got, want: int((bf16_ulps(got, want) > 1).sum())
     y_over = 0
     for r0 in range(0, m, 4096):  # y from the reference's a_q (equal to the kernel's, bitwise)
         sl = slice(r0, r0 + 4096)
@@ -158,23 +134,15 @@ def run_gpu_mlp(m, x, w, sc, sh, idx):
     out_over = over(out, want)
     yq_same = bool(torch.equal(yq.view(torch.uint8), ws["workspace_y_q"].view(torch.uint8)))
     ours = median_ms(lambda: h3kernels.minimax_h3_mlp_fp8(*args, **ws), reps=10)
-    theirs = median_ms(lambda: torch_bf16_mlp(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
+    theirs = median_ms(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
     exact = R.mlp_exact_bf16(x[:1024], w, sc, sh, idx[:1024], gate, w1, w2)
     delta = out[:1024].float() - residual[:1024].float()
     tflops = 2 * m * HIDDEN * (FC1_OUT + FFN) / ours / 1e9
     print(f"MLP block (minimax_h3_mlp_fp8), M={m}:")
     print(f"  vs reference: y {y_over} of {m * FFN} over 1 bf16 ulp; y_q bitwise from y: {yq_same}; "
           f"out {out_over} of {out.numel()} over 1 ulp")
-    print(f"  vs unquantized FP32 (first 1024 rows, out - residual): cos {_cos(delta, exact):.5f}, "
-          f"rel L2 {_rel_l2(delta, exact):.4f}")
+    print(f"  vs unquantized FP32 (first 1024 rows, out - residual): cos {cos(delta, exact):.5f}, "
+          f"rel L2 {rel_l2(delta, exact):.4f}")
     print(f"  h3kernels {ours:.3f} ms = {tflops:.0f} TFLOP/s; torch eager bf16 {theirs:.3f} ms\n")
     return yq_same and y_over <= 1e-3 * m * FFN and out_over <= 1e-3 * out.numel()
 
-
-def _ulps(a, b):
-    import torch
-
-    def ordered(t):
-        i = t.contiguous().view(torch.int16).to(torch.int32)
-        return torch.where(i < 0, -(i & 0x7FFF), i)
-    return (ordered(a) - ordered(b)).abs()

@@ -152,6 +152,15 @@ def _numba_view(ptr, shape, strides, raw, view, owner):
     return cuda.from_cuda_array_interface(desc, owner=owner, sync=False)
 
 
+def numba_buffer(ptr, shape, raw, owner):
+    """A C-contiguous Numba view of `shape` elements of dtype `raw` at device address ptr."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= int(n)
+    return _numba_view(ptr, tuple(shape), tuple(reversed(strides)), raw, None, owner)
+
+
 class _StreamHandle:
     """A raw CUDA stream in the CUDA stream protocol, for CuPy's Stream.from_external."""
 

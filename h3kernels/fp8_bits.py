@@ -141,23 +141,22 @@ def _gpu_primitives():
 
         return types.uint16(types.float32), codegen
 
-    @intrinsic
-    def _cvt_bf16x2(typingctx, lo, hi):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return builder.call(asm, [args[1], args[0]])  # the first source lands in the high half
+    def paired_cvt(ptx, bits):
+        """Two FP32 values -> one `bits`-wide register by `ptx`; PTX puts its first source in the
+        high half, so the call passes (hi, lo)."""
+        @intrinsic
+        def cvt(typingctx, lo, hi):
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.IntType(bits), [ir.FloatType(), ir.FloatType()])
+                asm = ir.InlineAsm(fnty, ptx + " $0, $1, $2;", ("=h" if bits == 16 else "=r") + ",f,f")
+                return builder.call(asm, [args[1], args[0]])
 
-        return types.uint32(types.float32, types.float32), codegen
+            return getattr(types, f"uint{bits}")(types.float32, types.float32), codegen
 
-    @intrinsic
-    def _cvt_e4m3x2(typingctx, lo, hi):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(16), [ir.FloatType(), ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "cvt.rn.satfinite.e4m3x2.f32 $0, $1, $2;", "=h,f,f")
-            return builder.call(asm, [args[1], args[0]])  # the first source lands in the high byte
+        return cvt
 
-        return types.uint16(types.float32, types.float32), codegen
+    _cvt_bf16x2 = paired_cvt("cvt.rn.bf16x2.f32", 32)
+    _cvt_e4m3x2 = paired_cvt("cvt.rn.satfinite.e4m3x2.f32", 16)
 
     @cuda.jit(device=True)
     def g_f32_from_bf16(b):

@@ -20,6 +20,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 _lock = threading.RLock()  # get_function holds it while compile_cubin takes it again
 _modules = {}
+_functions = {}  # one CuPy Function per (module, kernel): each get_function is a driver call
 
 
 class CompileError(RuntimeError):
@@ -186,14 +187,19 @@ def device_cc(device_id):
     return props["major"], props["minor"]
 
 
-def get_function(name, kernel, device_id, defines=None):
-    """The CuPy kernel function `kernel` of cuda_src/<name>.cu for device `device_id`."""
+def get_function(name, kernel, device_id, defines=None, dynamic_smem=0):
+    """The CuPy kernel function `kernel` of cuda_src/<name>.cu for device `device_id`, loaded once.
+    dynamic_smem: bytes of dynamic shared memory its launches ask for; above the default 48 KB
+    the function's limit is raised once, here (a Module function has no attribute setter)."""
     import cupy
 
     arch = arch_for(device_cc(device_id))
     defines = dict(defines or {})
     ident = (name, arch, tuple(sorted(defines.items())), device_id)
     with _lock:
+        f = _functions.get(ident + (kernel,))
+        if f is not None:
+            return f
         mod = _modules.get(ident)
         if mod is None:
             cubin, _, _ = compile_cubin(name, arch, defines)
@@ -201,7 +207,14 @@ def get_function(name, kernel, device_id, defines=None):
                 mod = cupy.cuda.function.Module()
                 mod.load(cubin)
             _modules[ident] = mod
-    return mod.get_function(kernel)
+        f = mod.get_function(kernel)
+        if dynamic_smem > 48 * 1024:
+            from cupy_backends.cuda.api import driver
+
+            with cupy.cuda.Device(device_id):
+                driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+        _functions[ident + (kernel,)] = f
+        return f
 
 
 def cache_usage():

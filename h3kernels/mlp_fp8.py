@@ -141,37 +141,31 @@ def _launch_gemm(call, kernel, form, tiles, threads, args):
     """One persistent GEMM launch (min(tiles, SMs) CTAs) on the call's stream."""
     import cupy
     import numpy as np
-    from cupy_backends.cuda.api import driver
 
     from . import jit
 
-    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form})
+    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form}, dynamic_smem=FC1_SMEM_BYTES)
     sms = jit.device_properties(call.device_id)["multiProcessorCount"]
     args = tuple(np.uint64(dispatch.data_ptr(a)) if dispatch.kind_of(a) else a for a in args)
     with cupy.cuda.Device(call.device_id):
-        # a Module function (unlike a RawKernel) has no attribute setter: ask the driver
-        driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, FC1_SMEM_BYTES)
         f((min(tiles, sms),), (threads,), args, shared_mem=FC1_SMEM_BYTES,
           stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))
 
 
 def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
-    """y <- SwiGLU(FC1(a_q)) on the call's stream; arrays already validated."""
+    """y <- SwiGLU(FC1(a_q)) on the call's stream. Arrays validated by the caller: a_q and w1_q
+    16-byte aligned (cp.async), y 4-byte aligned."""
     import numpy as np
 
-    for name, a, nbytes in (("a_q", a_q, 16), ("w1_q", w1_q, 16), ("y", y, 16)):  # cp.async, 16-byte loads
-        validate.aligned(name, a, nbytes)
     tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
     _launch_gemm(call, "h3_mlp_fc1", form, tiles, FC1_THREADS, (a_q, a_scale, w1_q, w1_scale, y, np.int32(m)))
 
 
 def _launch_fc2(call, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags, m, form):
-    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero."""
+    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. Arrays
+    validated by the caller: y, y_q and w2_q 16-byte aligned, residual and out 4-byte aligned."""
     import numpy as np
 
-    for name, a, nbytes in (("y", y, 16), ("y_q", y_q, 16), ("w2_q", w2_q, 16), ("residual", residual, 4),
-                            ("out", out, 4)):
-        validate.aligned(name, a, nbytes)
     tiles = -(-m // FC1_TILE[0]) * (HIDDEN // FC1_TILE[1])
     gate_stride = np.int64(dispatch.strides_elems(gate)[0])
     _launch_gemm(call, "h3_mlp_fc2", form, tiles, FC1_THREADS + FC2_PRODUCERS,

@@ -40,7 +40,7 @@ def _build():
         """RN(a / s) given inv = RN(1 / s), without a division: a * inv is within about an ulp, and
         one correction by the exact remainder (two FMAs, Markstein) rounds it correctly. Checked
         for every bf16 a <= amax and every bf16 amax with s >= MIN_FAST_SCALE, by code:
-        tests/test_fp8_bits.py (a sample) and bench/quotient_sweep.py (all 1.04e9 pairs). An exact
+        tests/test_fp8_bits.py (a sample) and tests/quotient_sweep.py (all 1.04e9 pairs). An exact
         product keeps its own sign: the correction would turn a = -0 into +0."""
         q = float32(a * inv)
         r = fma_rn(-q, s, a)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .shapes import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, ROW_THREADS, fc1_row_order_numpy
+from .shapes import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, K_BLOCK, ROW_THREADS, fc1_row_order_numpy
 
 F32 = torch.float32
 
@@ -170,9 +170,9 @@ def key_mean(ks):
     128-key block (from the segment's start) added in token order, the block sums added in block
     order, then RN(sum / L)."""
     total = torch.zeros_like(ks[0])
-    for b0 in range(0, ks.shape[0], 128):
+    for b0 in range(0, ks.shape[0], K_BLOCK):
         part = torch.zeros_like(ks[0])
-        for t in range(b0, min(b0 + 128, ks.shape[0])):
+        for t in range(b0, min(b0 + K_BLOCK, ks.shape[0])):
             part = part + ks[t]
         total = total + part
     return div(total, ks.shape[0])
@@ -195,8 +195,8 @@ def quantize_attention_inputs(q, k, v, cu_seqlens):
             continue
         ks = k[a:b].to(F32)
         kc = ks - key_mean(ks)[None]
-        for blk in range(a, b, 128):
-            e = min(blk + 128, b)
+        for blk in range(a, b, K_BLOCK):
+            e = min(blk + K_BLOCK, b)
             part = kc[blk - a:e - a]  # [n, heads, 128]
             s = div(part.abs().amax(dim=(0, 2)), E4M3_MAX)  # [heads]
             safe = torch.where(s > 0, s, torch.ones_like(s))

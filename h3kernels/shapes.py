@@ -5,6 +5,7 @@ HIDDEN = 5376
 FFN = 14336
 FC1_OUT = 2 * FFN
 HEAD_DIM = 128
+K_BLOCK = 128  # attention: keys per K scale block, counted from the segment's start
 H3_HEADS = 56
 H3_BLOCKS = 50
 MAX_M = 149796  # keeps M * FFN < 2**31

@@ -46,14 +46,10 @@ def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
         call = dispatch.Call(dict(zip("xwsti", args), a_q=a_q, a_scale=a_scale))
         prepared.append(row_stage_launch_args(call, *args, eps, a_q, a_scale))
     stream = call.numba_stream()
-
-    def launches():
-        for i in range(batch):
-            mlp_fp8_row.launch(*prepared[i % len(prepared)], stream=stream)
-
+    cur = {}
     with call.numba_device():
-        launches()
-        return median_ms(launches, warmup=2, reps=reps) / batch
+        return median_ms_batched(lambda: mlp_fp8_row.launch(*cur["args"], stream=stream), batch=batch, warmup=2,
+                                 reps=reps, setup=lambda i: cur.update(args=prepared[i % len(prepared)]))
 
 
 def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
@@ -84,39 +80,27 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
 
 def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
     """Median ms of the attention's quantization passes alone: varlen_attention_fp8_quant.launch
-    with the arguments varlen_attention_fp8._run gives it, into a workspace of our own (same
-    layout), back-to-back launches between one pair of events, the batch sized to about
-    budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors, as the operator takes them."""
+    with the arguments the operator gives it (varlen_attention_fp8.quant_launch_args), into a
+    workspace of our own, back-to-back launches between one pair of events, the batch sized to
+    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
     import torch
 
     from . import dispatch
     from . import varlen_attention_fp8 as attn
     from . import varlen_attention_fp8_quant as quant
+    from .varlen_attention_fp8_plan import plan_host
 
     cu = tuple(int(c) for c in cu_seqlens_host)
     tokens, heads = int(q.shape[0]), int(q.shape[1])
-    blocks_host = quant.key_blocks(cu)
-    blocks = torch.from_numpy(blocks_host).to(q.device)
-    parts, nbytes = attn.layout(tokens, heads, len(cu) - 1, int(blocks_host.shape[0]))
+    blocks = torch.from_numpy(quant.key_blocks(cu)).to(q.device)
+    block_offset = torch.from_numpy(plan_host(cu, heads)[1]).to(q.device)
+    parts, nbytes = attn.layout(tokens, heads, len(cu) - 1, int(blocks.shape[0]))
     mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
     call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
-    views = {name: dispatch._numba_view(mem.data_ptr() + off, shape, attn._contiguous(shape), dt, None, owner=mem)
-             for name, (off, shape, dt) in parts.items()}
-    from .varlen_attention_fp8_plan import plan_host
-
-    block_offset = torch.from_numpy(plan_host(cu, heads)[1]).to(q.device)
-    args = (call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens), call.numba(blocks),
-            call.numba(block_offset), views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"],
-            views["v8t"], views["s_v"], views["partials"])
+    args = attn.quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, mem.data_ptr(), mem, parts)
     stream = call.numba_stream()
     with call.numba_device():
         one = lambda: quant.launch(*args, stream=stream)
         one()
-        est = median_ms(one, warmup=1, reps=3)
-        batch = max(1, min(20, int(budget_ms / max(est, 1e-3))))
-
-        def launches():
-            for _ in range(batch):
-                one()
-
-        return median_ms(launches, warmup=1, reps=reps) / batch
+        batch = max(1, min(20, int(budget_ms / max(median_ms(one, warmup=1, reps=3), 1e-3))))
+        return median_ms_batched(one, batch=batch, warmup=1, reps=reps)

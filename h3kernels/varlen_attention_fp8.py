@@ -243,12 +243,11 @@ def _kernel(device_id):
     from . import jit
 
     f = jit.get_function("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
-                         {"H3_MMA_FORM": mma_form(device_id), "H3_ATTN_EXACT_MAX": int(EXACT_MAX)})
+                         {"H3_MMA_FORM": mma_form(device_id), "H3_ATTN_EXACT_MAX": int(EXACT_MAX)},
+                         dynamic_smem=SMEM_BYTES)
     key = (device_id, f.ptr)
     with _lock:
         if key not in _grid_cap:
-            # a Module function has no attribute setter: ask the driver (> 48 KB dynamic smem)
-            driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
             per_sm = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(f.ptr, THREADS, SMEM_BYTES))
             _grid_cap[key] = per_sm * jit.device_properties(device_id)["multiProcessorCount"]
         return f, _grid_cap[key]
@@ -278,13 +277,9 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
             mem = ws.mem
             if ws.event is None:
                 ws.event = cupy.cuda.Event(block=False, disable_timing=True)
-        views = {name: dispatch._numba_view(mem.ptr + off, shape, _contiguous(shape), dt, None, owner=mem)
-                 for name, (off, shape, dt) in parts.items()}
         with call.numba_device():
-            quant.launch(call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens),
-                         _cupy_as_numba(blocks, "int64"), _cupy_as_numba(block_offset, "int32"),
-                         views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"], views["v8t"],
-                         views["s_v"], views["partials"], stream=call.numba_stream())
+            quant.launch(*quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, mem.ptr, mem, parts),
+                         stream=call.numba_stream())
         ptr = lambda off: np.uint64(mem.ptr + parts[off][0])
         n_tiles = int(tiles.shape[0])
         with cupy.cuda.Device(call.device_id):
@@ -296,13 +291,11 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
             ws.event.record(stream)
 
 
-def _cupy_as_numba(a, raw):
-    return dispatch._numba_view(a.data.ptr, tuple(a.shape), _contiguous(a.shape), raw, None, owner=a)
-
-
-def _contiguous(shape):
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= int(n)
-    return tuple(reversed(strides))
+def quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, base, owner, parts):
+    """varlen_attention_fp8_quant.launch's arguments: the inputs, the plan's key blocks (int64)
+    and block_offset (int32) as device arrays, and the workspace views at `base` (layout())."""
+    views = {name: dispatch.numba_buffer(base + off, shape, dt, owner) for name, (off, shape, dt) in parts.items()}
+    plan_view = lambda a, raw: dispatch.numba_buffer(dispatch.data_ptr(a), a.shape, raw, a)
+    return (call.numba(q), call.numba(k), call.numba(v), call.numba(cu_seqlens), plan_view(blocks, "int64"),
+            plan_view(block_offset, "int32"), views["q8"], views["s_q"], views["mu"], views["k8"], views["s_k"],
+            views["v8t"], views["s_v"], views["partials"])

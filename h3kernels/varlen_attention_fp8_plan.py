@@ -10,8 +10,9 @@ import functools
 
 import numpy as np
 
+from .shapes import K_BLOCK
+
 Q_TILE = 128
-K_BLOCK = 128  # keys per K scale block, counted from the segment's start
 TILE_COLS = 5  # start, length, first query, head, segment (cuda_src/varlen_attention_fp8.cu TILE_INTS)
 
 

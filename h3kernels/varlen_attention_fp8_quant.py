@@ -26,8 +26,7 @@ import threading
 import numpy as np
 from numba import cuda, float32, uint8, uint32, uint64  # module level: the simulator swaps this global for its fake
 
-from .shapes import E4M3_MAX, HEAD_DIM
-from .varlen_attention_fp8_plan import K_BLOCK
+from .shapes import E4M3_MAX, HEAD_DIM, K_BLOCK
 
 Q_ROWS_PER_CTA = 8
 Q_THREADS = 32 * Q_ROWS_PER_CTA

@@ -10,6 +10,7 @@ import torch
 
 import h3kernels
 from h3kernels import jit, mlp_fp8, reference as R
+from h3kernels.compare import bf16_ulps, cos, rel_l2
 from h3kernels.demo import make_row_inputs
 from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
@@ -28,14 +29,6 @@ def test_flag_count():
     assert h3kernels.minimax_h3_mlp_fc2_flags(1) == 1 + 14
     assert h3kernels.minimax_h3_mlp_fc2_flags(129) == 1 + 2 * 14
     assert h3kernels.minimax_h3_mlp_fc2_flags_sm120(149796) == 1 + 1171 * 14
-
-
-def bf16_ulps(a, b):
-    """Distance in bf16 steps between two bf16 tensors of finite values (sign-aware)."""
-    def ordered(t):
-        i = t.contiguous().view(torch.int16).to(torch.int32)
-        return torch.where(i < 0, -(i & 0x7FFF), i)
-    return (ordered(a) - ordered(b)).abs()
 
 
 def log(record):
@@ -191,10 +184,9 @@ def check_all(inp, wt, out, ws, tag, report_exact=True):
         want = R.mlp_exact_bf16(sub["x"], sub["x_norm_weight"], sub["adaln_scale"], sub["adaln_shift"],
                                 sub["adaln_index"], sub["gate"], wt["w1"], wt["w2"])
         got = (out[:n].float() - inp["residual"][:n].float())
-        cos = float(torch.nn.functional.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0))
-        rel = float((got.double() - want.double()).norm() / want.double().norm())
-        log(dict(check="out-residual vs unquantized bf16 weights (FP32 math)", tag=tag, rows=n, cos=cos, rel_l2=rel))
-        assert cos > 0.99 and rel < 0.1, (cos, rel)
+        c, rel = cos(got, want), rel_l2(got, want)
+        log(dict(check="out-residual vs unquantized bf16 weights (FP32 math)", tag=tag, rows=n, cos=c, rel_l2=rel))
+        assert c > 0.99 and rel < 0.1, (c, rel)
 
 
 CASES = [(1, 1, None, True), (2, 8, "residual", False), (127, 50, "x", True), (128, 1, None, False),

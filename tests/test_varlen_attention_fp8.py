@@ -19,6 +19,7 @@ from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8 as A
 from h3kernels import varlen_attention_fp8_plan as P
 from h3kernels import varlen_attention_fp8_quant as Q
+from h3kernels.compare import rel_l2
 from h3kernels.shapes import HEAD_DIM
 
 
@@ -266,11 +267,6 @@ def random_inputs(seqlens, heads, k_offset=0.0, seed=0, device="cpu"):
     cu = [0] + np.cumsum(seqlens).astype(int).tolist()
     return (q.bfloat16().to(device), k.bfloat16().to(device), v.bfloat16().to(device),
             torch.tensor(cu, dtype=torch.int32, device=device), cu)
-
-
-def rel_l2(a, b):
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.fixture(scope="module")

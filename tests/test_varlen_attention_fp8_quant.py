@@ -6,6 +6,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8_quant as Q
+from h3kernels.varlen_attention_fp8_plan import plan_host
 from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -34,7 +35,7 @@ def run(q, k, v, cu):
     segs = len(cu) - 1
     blocks = Q.key_blocks(cu)
     bits = lambda x: x.view(torch.int16).numpy().view(np.uint16)
-    block_offset = np.concatenate([[0], np.cumsum(-(-np.diff(cu) // 128))]).astype(np.int32)
+    block_offset = plan_host(cu, heads)[1]
     arrays = dict(q=bits(q), k=bits(k), v=bits(v), cu=np.array(cu, np.int64), blocks=blocks, block_offset=block_offset,
                   q8=np.full((tokens, heads, 128), 0x7F, np.uint8), s_q=np.full((tokens, heads), np.nan, np.float32),
                   mu=np.full((segs, heads, 128), np.nan, np.float32), k8=np.full((tokens, heads, 128), 0x7F, np.uint8),
