@@ -358,12 +358,13 @@ def run_ours(r, args, st, dev):
     try:
         from h3kernels.timing import attention_quant_kernel_ms
 
-        qm = attention_quant_kernel_ms(q, k, v, cu, cu_host)
+        qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host, per_pass=True)
         for o in timed:
-            o.update(quant_ms=qm, quant_share=qm / o["stream_ms"],
+            o.update(quant_ms=qm, quant_share=qm / o["stream_ms"], quant_pass_ms=each,
                      quant_timed_as="varlen_attention_fp8_quant.launch alone")
         log(f"  {r['name']}: quantization passes {qm:.4f} ms = "
-            + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["variants"].items() if "stream_ms" in o))
+            + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["variants"].items() if "stream_ms" in o)
+            + " (" + ", ".join(f"{n} {ms:.4f}" for n, ms in each.items()) + " ms)")
     except Exception as err:
         for o in timed:
             o["quant_error"] = "not measured: " + short(err, 300)

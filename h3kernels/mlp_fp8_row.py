@@ -15,10 +15,10 @@ import threading
 import numpy as np
 from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
+from .fp8_bits import MIN_FAST_SCALE
 from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
 QUADS = HIDDEN // 4
-MIN_FAST_SCALE = 1e-30  # below this row scale the kernel divides (see quotient())
 QUADS_PER_THREAD = QUADS // ROW_THREADS
 assert QUADS_PER_THREAD * ROW_THREADS == QUADS
 
@@ -27,7 +27,7 @@ _kernel = None
 
 
 def _build():
-    from .fp8_bits import primitives
+    from .fp8_bits import make_quotient, primitives
 
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (
@@ -35,18 +35,7 @@ def _build():
     # bf16 pairs in 32-bit words: one shift or mask per element to unpack, one cvt per pair to pack
     bf16x2, lo, hi = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi
 
-    @cuda.jit(device=True)
-    def quotient(a, s, inv):
-        """RN(a / s) given inv = RN(1 / s), without a division: a * inv is within about an ulp, and
-        one correction by the exact remainder (two FMAs, Markstein) rounds it correctly. Checked
-        for every bf16 a <= amax and every bf16 amax with s >= MIN_FAST_SCALE, by code:
-        tests/test_fp8_bits.py (a sample) and tests/quotient_sweep.py (all 1.04e9 pairs). An exact
-        product keeps its own sign: the correction would turn a = -0 into +0."""
-        q = float32(a * inv)
-        r = fma_rn(-q, s, a)
-        if r == float32(0.0):
-            return q
-        return fma_rn(r, inv, q)
+    quotient = make_quotient(fma_rn)  # RN(a / s) by two FMAs (fp8_bits.make_quotient)
 
     @cuda.jit(device=True)
     def word(quad, h):

@@ -78,11 +78,12 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
     return statistics.median(times)
 
 
-def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
+def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5, per_pass=False):
     """Median ms of the attention's quantization passes alone: varlen_attention_fp8_quant.launch
     with the arguments the operator gives it (varlen_attention_fp8.quant_launch_args), into a
     workspace of our own, back-to-back launches between one pair of events, the batch sized to
-    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
+    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors. With per_pass, returns
+    (total, {kernel name: ms}), each pass also timed alone."""
     import torch
 
     from . import dispatch
@@ -103,4 +104,9 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
         one = lambda: quant.launch(*args, stream=stream)
         one()
         batch = max(1, min(20, int(budget_ms / max(median_ms(one, warmup=1, reps=3), 1e-3))))
-        return median_ms_batched(one, batch=batch, warmup=1, reps=reps)
+        total = median_ms_batched(one, batch=batch, warmup=1, reps=reps)
+        if not per_pass:
+            return total
+        each = {name: median_ms_batched(run, batch=batch, warmup=1, reps=reps)
+                for name, run in quant.passes(*args, stream=stream)}
+        return total, each

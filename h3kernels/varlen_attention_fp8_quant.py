@@ -24,56 +24,79 @@ cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 import threading
 
 import numpy as np
-from numba import cuda, float32, uint8, uint32, uint64  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint8, uint16, uint32, uint64  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HEAD_DIM, K_BLOCK
 
-Q_ROWS_PER_CTA = 8
-Q_THREADS = 32 * Q_ROWS_PER_CTA
+Q_WARPS = 8
+Q_ROWS_PER_WARP = 4  # the loads of a warp's rows are all in flight before the first reduction
+Q_ROWS_PER_CTA = Q_WARPS * Q_ROWS_PER_WARP
+Q_THREADS = 32 * Q_WARPS
+Q_WORDS = 2 * Q_ROWS_PER_WARP  # a global: Numba needs a literal shape
+BATCH = 16  # keys whose loads a K or V thread has in flight at once (one per channel thread)
 V_TILE_COLS = HEAD_DIM + 1  # +1: column reads hit distinct banks. A global: Numba needs a literal shape
 _lock = threading.Lock()
 _kernels = None
 
 
 def _build():
-    from .fp8_bits import primitives
+    from .fp8_bits import MIN_FAST_SCALE, make_quotient, primitives
 
     p = primitives()
     f32_from_bf16, e4m3, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
+    quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
+
+    @cuda.jit(device=True)
+    def quotient_or_div(a, s, inv):
+        """RN(a / s), up to its e4m3 code, for bf16 a with |a| <= amax, s = RN(amax / 448) > 0 and
+        inv = RN(1 / s). Tiny scales divide (make_quotient's range); the branch is per row or
+        channel, so a warp's Q row never diverges on it."""
+        if s < float32(MIN_FAST_SCALE):
+            return div_rn(a, s)
+        return quotient(a, s, inv)
 
     @cuda.jit
     def q_kernel(q, q8, s_q):
         """q: uint64 [rows, 32] (bf16 quads; rows = tokens * heads); q8: uint32 [rows, 32] (e4m3
-        quads); s_q: f32 [rows]. A warp per row: its 32 lanes read the row's 256 bytes at once."""
+        quads); s_q: f32 [rows]. A warp per row, Q_ROWS_PER_WARP rows per warp: its 32 lanes read
+        a row's 256 bytes at once."""
         t = cuda.threadIdx.x
-        lane, r = t % 32, t // 32
-        row = cuda.blockIdx.x * Q_ROWS_PER_CTA + r
-        red = cuda.shared.array(Q_THREADS, float32)
-        live = row < q.shape[0]
-        w0 = uint32(0)
-        w1 = uint32(0)
-        if live:
-            quad = q[row, lane]
-            w0 = uint32(quad & uint64(0xFFFFFFFF))
-            w1 = uint32(quad >> uint64(32))
-        red[t] = max(max(abs(lo(w0)), abs(hi(w0))), max(abs(lo(w1)), abs(hi(w1))))
+        lane, w = t % 32, t // 32
+        base = cuda.blockIdx.x * Q_ROWS_PER_CTA + w * Q_ROWS_PER_WARP
+        red = cuda.shared.array((Q_ROWS_PER_CTA, 32), float32)
+        words = cuda.local.array(Q_WORDS, uint32)
+        for i in range(Q_ROWS_PER_WARP):
+            quad = uint64(0)
+            if base + i < q.shape[0]:
+                quad = q[base + i, lane]
+            words[2 * i] = uint32(quad & uint64(0xFFFFFFFF))
+            words[2 * i + 1] = uint32(quad >> uint64(32))
+        for i in range(Q_ROWS_PER_WARP):
+            w0, w1 = words[2 * i], words[2 * i + 1]
+            red[w * Q_ROWS_PER_WARP + i, lane] = max(max(abs(lo(w0)), abs(hi(w0))), max(abs(lo(w1)), abs(hi(w1))))
         cuda.syncthreads()
         width = 16
-        while width > 0:  # shared-memory tree per row: the simulator has no warp shuffles
+        while width > 0:  # shared-memory trees per row: the simulator has no warp shuffles
             if lane < width:
-                red[t] = max(red[t], red[t + width])
+                for i in range(Q_ROWS_PER_WARP):
+                    r = w * Q_ROWS_PER_WARP + i
+                    red[r, lane] = max(red[r, lane], red[r, lane + width])
             cuda.syncthreads()
             width //= 2
-        s = div_rn(red[r * 32], float32(E4M3_MAX))
-        if live:
-            out = uint32(0)
-            if s > float32(0.0):
-                out = uint32(e4m3x2(div_rn(lo(w0), s), div_rn(hi(w0), s))
-                             | (e4m3x2(div_rn(lo(w1), s), div_rn(hi(w1), s)) << 16))
-            q8[row, lane] = out
-            if lane == 0:
-                s_q[row] = s
+        for i in range(Q_ROWS_PER_WARP):
+            row = base + i
+            if row < q.shape[0]:
+                s = div_rn(red[w * Q_ROWS_PER_WARP + i, 0], float32(E4M3_MAX))
+                out = uint32(0)
+                if s > float32(0.0):
+                    inv = div_rn(float32(1.0), s)
+                    w0, w1 = words[2 * i], words[2 * i + 1]
+                    out = uint32(e4m3x2(quotient_or_div(lo(w0), s, inv), quotient_or_div(hi(w0), s, inv))
+                                 | (e4m3x2(quotient_or_div(lo(w1), s, inv), quotient_or_div(hi(w1), s, inv)) << 16))
+                q8[row, lane] = out
+                if lane == 0:
+                    s_q[row] = s
 
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials):
@@ -82,11 +105,21 @@ def _build():
         work of a long segment spreads over its blocks instead of one CTA per (segment, head)."""
         blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         first, count = blocks[blk, 1], blocks[blk, 2]
+        kk = cuda.local.array(BATCH, float32)
+        vv = cuda.local.array(BATCH, float32)
         total = float32(0.0)
         amax = float32(0.0)
-        for t in range(first, first + count):
-            total = float32(total + f32_from_bf16(k[t, h, c]))
-            amax = max(amax, abs(f32_from_bf16(v[t, h, c])))
+        for t0 in range(0, count, BATCH):
+            for i in range(BATCH):  # loads first, so BATCH of them are in flight
+                kk[i] = float32(0.0)
+                vv[i] = float32(0.0)
+                if t0 + i < count:
+                    kk[i] = f32_from_bf16(k[first + t0 + i, h, c])
+                    vv[i] = abs(f32_from_bf16(v[first + t0 + i, h, c]))
+            for i in range(BATCH):
+                if t0 + i < count:
+                    total = float32(total + kk[i])
+                amax = max(amax, vv[i])
         partials[0, blk, h, c] = total
         partials[1, blk, h, c] = amax
 
@@ -110,14 +143,23 @@ def _build():
     @cuda.jit
     def k_quant_kernel(k, mu, blocks, k8, s_k):
         """blocks: int64 [n, 3] (segment, first key, keys); s_k: f32 [n, heads]; k8: uint8 like k.
-        Grid (n, heads), one thread per channel."""
+        Grid (n, heads), one thread per channel; the block's keys are read once, into shared memory."""
         blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         red = cuda.shared.array(HEAD_DIM, float32)
+        tile = cuda.shared.array((K_BLOCK, HEAD_DIM), uint16)
+        kk = cuda.local.array(BATCH, uint16)
         seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
         m = mu[seg, h, c]
         amax = float32(0.0)
-        for t in range(first, first + count):
-            amax = max(amax, abs(float32(f32_from_bf16(k[t, h, c]) - m)))
+        for t0 in range(0, count, BATCH):
+            for i in range(BATCH):
+                kk[i] = uint16(0)
+                if t0 + i < count:
+                    kk[i] = k[first + t0 + i, h, c]
+            for i in range(BATCH):
+                if t0 + i < count:
+                    tile[t0 + i, c] = kk[i]
+                    amax = max(amax, abs(float32(f32_from_bf16(kk[i]) - m)))
         red[c] = amax
         cuda.syncthreads()
         half = HEAD_DIM // 2
@@ -127,11 +169,11 @@ def _build():
             cuda.syncthreads()
             half //= 2
         s = div_rn(red[0], float32(E4M3_MAX))
-        for t in range(first, first + count):
+        for t in range(count):
             code = 0
-            if s > float32(0.0):
-                code = e4m3(div_rn(float32(f32_from_bf16(k[t, h, c]) - m), s))
-            k8[t, h, c] = code
+            if s > float32(0.0):  # k' is no bf16 value: an exact division
+                code = e4m3(div_rn(float32(f32_from_bf16(tile[t, c]) - m), s))
+            k8[first + t, h, c] = code
         if c == 0:
             s_k[blk, h] = s
 
@@ -142,13 +184,22 @@ def _build():
         column x (key v_key_at(x)) of every channel row, so that global writes are coalesced."""
         blk, h, x = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
         tile = cuda.shared.array((K_BLOCK, V_TILE_COLS), uint8)
+        vv = cuda.local.array(BATCH, uint16)
         seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
         s = s_v[seg, h, x]
-        for i in range(K_BLOCK):
-            code = 0
-            if i < count and s > float32(0.0):
-                code = e4m3(div_rn(f32_from_bf16(v[first + i, h, x]), s))
-            tile[i, x] = code
+        inv = float32(0.0)
+        if s > float32(0.0):
+            inv = div_rn(float32(1.0), s)
+        for t0 in range(0, K_BLOCK, BATCH):
+            for i in range(BATCH):
+                vv[i] = uint16(0)
+                if t0 + i < count:
+                    vv[i] = v[first + t0 + i, h, x]
+            for i in range(BATCH):
+                code = 0
+                if t0 + i < count and s > float32(0.0):
+                    code = e4m3(quotient_or_div(f32_from_bf16(vv[i]), s, inv))
+                tile[t0 + i, x] = code
         cuda.syncthreads()
         key = (x & ~15) | (((x >> 2) & 3) << 1) | (x & 1) | (((x >> 1) & 1) << 3)  # v_key_at(x)
         col = blk * K_BLOCK + x
@@ -198,18 +249,29 @@ def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     blocks: from key_blocks; block_offset: int [segments + 1], each segment's first block (the
     plan's); partials: f32 [2, blocks, heads, 128] scratch; outputs as the kernels' docstrings
     say. Arrays are Numba device arrays (or numpy arrays in the simulator); work goes on `stream`."""
+    for _, run in passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream):
+        run()
+
+
+def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
+    """launch's passes in order, as (kernel name, thunk) pairs: bench/bench_attention.py times
+    each one."""
     tokens, heads, _ = q.shape
     segments = cu.shape[0] - 1
     qk, kv_block, kv_segment, kq, vq = kernels()
     cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
+    out = []
     if tokens:
         rows = tokens * heads
-        qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](q.reshape(rows, HEAD_DIM).view(np.uint64),
-                                                        q8.reshape(rows, HEAD_DIM).view(np.uint32), s_q.reshape(rows))
-    if blocks.shape[0]:
-        kv_block[cfg((blocks.shape[0], heads), HEAD_DIM)](k, v, blocks, partials)
+        out.append(("q_kernel", lambda: qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](
+            q.reshape(rows, HEAD_DIM).view(np.uint64), q8.reshape(rows, HEAD_DIM).view(np.uint32), s_q.reshape(rows))))
+    n = blocks.shape[0]
+    if n:
+        out.append(("kv_block_kernel", lambda: kv_block[cfg((n, heads), HEAD_DIM)](k, v, blocks, partials)))
     if segments and tokens:
-        kv_segment[cfg((segments, heads), HEAD_DIM)](cu, block_offset, partials, mu, s_v)
-    if blocks.shape[0]:
-        kq[cfg((blocks.shape[0], heads), HEAD_DIM)](k, mu, blocks, k8, s_k)
-        vq[cfg((blocks.shape[0], heads), HEAD_DIM)](v, s_v, blocks, v8t)
+        out.append(("kv_segment_kernel", lambda: kv_segment[cfg((segments, heads), HEAD_DIM)](
+            cu, block_offset, partials, mu, s_v)))
+    if n:
+        out.append(("k_quant_kernel", lambda: kq[cfg((n, heads), HEAD_DIM)](k, mu, blocks, k8, s_k)))
+        out.append(("v_quant_kernel", lambda: vq[cfg((n, heads), HEAD_DIM)](v, s_v, blocks, v8t)))
+    return out

@@ -1,4 +1,4 @@
-"""The row kernel's division-free quotient (mlp_fp8_row.quotient) against RN(a / s), vectorized:
+"""The row kernel's division-free quotient (fp8_bits.make_quotient) against RN(a / s), vectorized:
 q = RN(a * inv), r = RN(a - s * q) (exact, as an FMA), q' = RN(q + r * inv) (one rounding, as
 an FMA), with inv = RN(1 / s), s = RN(amax / 448). For every bf16 amax and every bf16 a with
 |a| <= amax, e4m3(q') must equal e4m3(RN(a / s)) wherever s >= MIN_FAST_SCALE.
@@ -55,7 +55,7 @@ def all_bf16_amax():
 
 
 if __name__ == "__main__":
-    from h3kernels.mlp_fp8_row import MIN_FAST_SCALE
+    from h3kernels.fp8_bits import MIN_FAST_SCALE
 
     pairs, bad = sweep(all_bf16_amax(), MIN_FAST_SCALE)
     print(f"{pairs} (a, amax) pairs with s >= {MIN_FAST_SCALE}: {bad} e4m3 codes differ from e4m3(RN(a / s))")

@@ -91,10 +91,10 @@ def test_e4m3_random_values_match_torch():
 
 
 def test_division_free_quotient_gives_the_codes_of_the_division():
-    """mlp_fp8_row.quotient: every bf16 a against 400 amax values (all 128 bf16 mantissas at two
+    """fp8_bits.make_quotient: every bf16 a against 400 amax values (all 128 bf16 mantissas at two
     exponents, 144 random), through the vectorized model of its two FMAs; tests/quotient_sweep.py
     runs all 32640 amax values (1.04e9 pairs, 0 codes differ)."""
-    from h3kernels.mlp_fp8_row import MIN_FAST_SCALE
+    from h3kernels.fp8_bits import MIN_FAST_SCALE
     from quotient_sweep import all_bf16_amax, sweep
 
     every = all_bf16_amax()
