@@ -171,6 +171,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int r = 0; r < 4; ++r) o[i][r] = 0.f;
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
+    // s_k of each iteration's block is loaded one iteration ahead: read where it is used, the load's
+    // latency stalled every warp of the CTA between the QK^T and the softmax of every block. (The
+    // two-pass variant loads it in place: on sm_90 the extra register spills there.)
+    const float* sk_col = s_k + (i64)kb0 * heads + h;
+#if !H3_ATTN_EXACT_MAX
+    float sk_next = sk_col[0];
+#endif
 
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
@@ -182,6 +189,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 !H3_ATTN_EXACT_MAX || next >= n_blocks);
       cp_async_commit();
       const int j = it < n_blocks ? it : it - n_blocks;
+#if H3_ATTN_EXACT_MAX
+      const float sk = sk_col[(i64)(j * BKV / KSB) * heads];
+#else
+      const float sk = sk_next;
+      if (it + 1 < n_iter) sk_next = sk_col[(i64)((it + 1) * BKV / KSB) * heads];
+#endif
 
       const u32 k_base = ring + (it % STAGES) * STAGE_BYTES, v_base = k_base + K_BYTES;
       float s[BKV / 8][4];
@@ -212,7 +225,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
 
       // S in log2 units; keys past the segment's end -> -inf (P = 0 there)
-      const float sk = s_k[(i64)(kb0 + j * BKV / KSB) * heads + h];
       const float cb0 = c0 * sk, cb1 = c1 * sk;
       const int valid = len - j * BKV;
       float mx0 = m0, mx1 = m1;

@@ -24,14 +24,18 @@ def median_ms(fn, warmup=3, reps=20, setup=None):
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs(nbytes, device="cuda", reps=20):
-    """GB/s of a torch device-to-device copy of `nbytes` (bytes read + bytes written, over time)."""
+def copy_bandwidth_gbs(nbytes, device="cuda", reps=20, batch=1):
+    """GB/s of a torch device-to-device copy of `nbytes` (bytes read + bytes written, over time).
+    With batch > 1, timed as median_ms_batched: back-to-back copies, as kernels are timed."""
     import torch
 
     n = max(int(nbytes) // 2, 1)
     src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), reps=reps)
+    if batch > 1:
+        ms = median_ms_batched(lambda: dst.copy_(src), batch=batch, warmup=2, reps=reps)
+    else:
+        ms = median_ms(lambda: dst.copy_(src), reps=reps)
     return 2 * n / (ms * 1e-3) / 1e9, ms
 
 

@@ -171,11 +171,15 @@ def _device_id(device):
         return cupy.cuda.runtime.getDevice()
     if isinstance(device, int) and not isinstance(device, bool):
         return device
+    if isinstance(device, str):  # before the attribute probes: str has an .index method
+        if device == "cuda":
+            return _device_id(None)
+        if device.startswith("cuda:") and device[5:].isdigit():
+            return int(device[5:])
+        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
     idx = getattr(device, "index", None)  # torch.device
     if idx is None:
         idx = getattr(device, "id", None)  # cupy Device
-    if idx is None and isinstance(device, str) and device.startswith("cuda"):
-        idx = int(device.split(":")[1]) if ":" in device else _device_id(None)
     if idx is None:
         if getattr(device, "type", None) == "cuda":
             return _device_id(None)

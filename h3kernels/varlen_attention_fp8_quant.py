@@ -29,7 +29,7 @@ from numba import cuda, float32, uint8, uint16, uint32, uint64  # module level: 
 from .shapes import E4M3_MAX, HEAD_DIM, K_BLOCK
 
 Q_WARPS = 8
-Q_ROWS_PER_WARP = 4  # the loads of a warp's rows are all in flight before the first reduction
+Q_ROWS_PER_WARP = 8  # the loads of a warp's rows are all in flight before the first reduction
 Q_ROWS_PER_CTA = Q_WARPS * Q_ROWS_PER_WARP
 Q_THREADS = 32 * Q_WARPS
 Q_WORDS = 2 * Q_ROWS_PER_WARP  # a global: Numba needs a literal shape
@@ -101,9 +101,11 @@ def _build():
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials):
         """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
-        amax |v| over them (f32 [2, n, heads, 128]). Grid (n, heads), one thread per channel: the
-        work of a long segment spreads over its blocks instead of one CTA per (segment, head)."""
-        blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        amax |v| over them (f32 [2, n, heads, 128]). Grid n * heads (a 1-D grid has room for any
+        n), one thread per channel: the work of a long segment spreads over its blocks instead of
+        one CTA per (segment, head), and the CTAs in flight (heads fastest) read whole token rows,
+        not 256-byte pieces 14 KB apart."""
+        h, blk, c = cuda.blockIdx.x % k.shape[1], cuda.blockIdx.x // k.shape[1], cuda.threadIdx.x
         first, count = blocks[blk, 1], blocks[blk, 2]
         kk = cuda.local.array(BATCH, float32)
         vv = cuda.local.array(BATCH, float32)
@@ -143,8 +145,9 @@ def _build():
     @cuda.jit
     def k_quant_kernel(k, mu, blocks, k8, s_k):
         """blocks: int64 [n, 3] (segment, first key, keys); s_k: f32 [n, heads]; k8: uint8 like k.
-        Grid (n, heads), one thread per channel; the block's keys are read once, into shared memory."""
-        blk, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        Grid n * heads (heads fastest), one thread per channel; the block's keys are read once,
+        into shared memory."""
+        h, blk, c = cuda.blockIdx.x % k.shape[1], cuda.blockIdx.x // k.shape[1], cuda.threadIdx.x
         red = cuda.shared.array(HEAD_DIM, float32)
         tile = cuda.shared.array((K_BLOCK, HEAD_DIM), uint16)
         kk = cuda.local.array(BATCH, uint16)
@@ -179,10 +182,11 @@ def _build():
 
     @cuda.jit
     def v_quant_kernel(v, s_v, blocks, v8t):
-        """v8t: uint8 [heads, 128, n * 128] (the module docstring's layout). Grid (n, heads).
-        Thread x first quantizes channel x of the block's keys into shared memory, then writes
-        column x (key v_key_at(x)) of every channel row, so that global writes are coalesced."""
-        blk, h, x = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        """v8t: uint8 [heads, 128, n * 128] (the module docstring's layout). Grid n * heads
+        (heads fastest). Thread x first quantizes channel x of the block's keys into shared
+        memory, then writes column x (key v_key_at(x)) of every channel row, so that global writes
+        are coalesced."""
+        h, blk, x = cuda.blockIdx.x % v.shape[1], cuda.blockIdx.x // v.shape[1], cuda.threadIdx.x
         tile = cuda.shared.array((K_BLOCK, V_TILE_COLS), uint8)
         vv = cuda.local.array(BATCH, uint16)
         seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
@@ -267,11 +271,11 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
             q.reshape(rows, HEAD_DIM).view(np.uint64), q8.reshape(rows, HEAD_DIM).view(np.uint32), s_q.reshape(rows))))
     n = blocks.shape[0]
     if n:
-        out.append(("kv_block_kernel", lambda: kv_block[cfg((n, heads), HEAD_DIM)](k, v, blocks, partials)))
+        out.append(("kv_block_kernel", lambda: kv_block[cfg(n * heads, HEAD_DIM)](k, v, blocks, partials)))
     if segments and tokens:
         out.append(("kv_segment_kernel", lambda: kv_segment[cfg((segments, heads), HEAD_DIM)](
             cu, block_offset, partials, mu, s_v)))
     if n:
-        out.append(("k_quant_kernel", lambda: kq[cfg((n, heads), HEAD_DIM)](k, mu, blocks, k8, s_k)))
-        out.append(("v_quant_kernel", lambda: vq[cfg((n, heads), HEAD_DIM)](v, s_v, blocks, v8t)))
+        out.append(("k_quant_kernel", lambda: kq[cfg(n * heads, HEAD_DIM)](k, mu, blocks, k8, s_k)))
+        out.append(("v_quant_kernel", lambda: vq[cfg(n * heads, HEAD_DIM)](v, s_v, blocks, v8t)))
     return out

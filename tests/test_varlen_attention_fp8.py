@@ -627,3 +627,10 @@ def test_the_benchmarks_reference_rows_are_the_references():
     idx = torch.tensor([0, 4, 5, 6, 100, 204, 205, 300, 334])
     got = bench.reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
     assert torch.equal(got.view(torch.int16), want[idx].view(torch.int16))
+
+
+def test_workspace_device_arguments():
+    assert A._device_id("cuda:3") == 3 and A._device_id(2) == 2 and A._device_id(torch.device("cuda", 1)) == 1
+    for bad in ("gpu", "cuda:x", 1.5):
+        with pytest.raises(TypeError, match="^device: got "):
+            A._device_id(bad)
