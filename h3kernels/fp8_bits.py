@@ -141,12 +141,13 @@ def make_quotient(fma_rn):
 
 def primitives():
     """The conversions for Numba kernels: simulator functions, or GPU device functions."""
-    from numba import cuda
     from numba.cuda import config
 
     if config.ENABLE_CUDASIM:
-        jit = cuda.jit(device=True)
-        return SimpleNamespace(**{k: jit(v) for k, v in vars(host).items()})
+        # Plain functions: the simulator runs device functions as Python anyway, and its
+        # cuda.jit(device=True) wrapper takes a module-wide lock on every call, which 128 busy
+        # threads turn into a convoy (a K pass ran minutes instead of seconds).
+        return host
     return _gpu_primitives()
 
 

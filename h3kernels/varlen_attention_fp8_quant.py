@@ -24,7 +24,7 @@ cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 import threading
 
 import numpy as np
-from numba import cuda, float32, uint8, uint16, uint32, uint64  # module level: the simulator swaps this global for its fake
+from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
 from .shapes import E4M3_MAX, HEAD_DIM, K_BLOCK
 
@@ -33,8 +33,11 @@ Q_ROWS_PER_WARP = 8  # the loads of a warp's rows are all in flight before the f
 Q_ROWS_PER_CTA = Q_WARPS * Q_ROWS_PER_WARP
 Q_THREADS = 32 * Q_WARPS
 Q_WORDS = 2 * Q_ROWS_PER_WARP  # a global: Numba needs a literal shape
-BATCH = 16  # keys whose loads a K or V thread has in flight at once (one per channel thread)
-V_TILE_COLS = HEAD_DIM + 1  # +1: column reads hit distinct banks. A global: Numba needs a literal shape
+KV_THREADS = 128  # 4 warps; a lane holds a quad of channels (4 bf16 in 64 bits) of one key
+KV_WARPS = KV_THREADS // 32
+KEYS_PER_WARP = K_BLOCK // KV_WARPS  # in the K and V quantizers warp w takes keys w, w + 4, ...
+BATCH = 16  # keys a kv_block_kernel lane has in flight at once
+TILE_WORDS = HEAD_DIM // 4 + 1  # uint32 words per key row of v_quant's tile; +1 spreads column reads
 _lock = threading.Lock()
 _kernels = None
 
@@ -43,7 +46,7 @@ def _build():
     from .fp8_bits import MIN_FAST_SCALE, make_quotient, primitives
 
     p = primitives()
-    f32_from_bf16, e4m3, e4m3x2, div_rn = p.f32_from_bf16, p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
+    e4m3, e4m3x2, div_rn = p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
     quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
 
@@ -57,73 +60,103 @@ def _build():
         return quotient(a, s, inv)
 
     @cuda.jit
-    def q_kernel(q, q8, s_q):
-        """q: uint64 [rows, 32] (bf16 quads; rows = tokens * heads); q8: uint32 [rows, 32] (e4m3
+    def q_kernel(q, q8, s_q, rows):
+        """q: uint64 [rows * 32] (bf16 quads; rows = tokens * heads); q8: uint32 [rows * 32] (e4m3
         quads); s_q: f32 [rows]. A warp per row, Q_ROWS_PER_WARP rows per warp: its 32 lanes read
-        a row's 256 bytes at once."""
-        t = cuda.threadIdx.x
-        lane, w = t % 32, t // 32
-        base = cuda.blockIdx.x * Q_ROWS_PER_CTA + w * Q_ROWS_PER_WARP
+        a row's 256 bytes at once. Unsigned indices: Numba wraps every signed one."""
+        t = uint64(cuda.threadIdx.x)
+        lane, w = t % uint64(32), t // uint64(32)
+        base = uint64(cuda.blockIdx.x) * uint64(Q_ROWS_PER_CTA) + w * uint64(Q_ROWS_PER_WARP)
         red = cuda.shared.array((Q_ROWS_PER_CTA, 32), float32)
         words = cuda.local.array(Q_WORDS, uint32)
         for i in range(Q_ROWS_PER_WARP):
             quad = uint64(0)
-            if base + i < q.shape[0]:
-                quad = q[base + i, lane]
+            if base + uint64(i) < rows:
+                quad = q[(base + uint64(i)) * uint64(32) + lane]
             words[2 * i] = uint32(quad & uint64(0xFFFFFFFF))
             words[2 * i + 1] = uint32(quad >> uint64(32))
         for i in range(Q_ROWS_PER_WARP):
             w0, w1 = words[2 * i], words[2 * i + 1]
-            red[w * Q_ROWS_PER_WARP + i, lane] = max(max(abs(lo(w0)), abs(hi(w0))), max(abs(lo(w1)), abs(hi(w1))))
+            red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), lane] = max(max(abs(lo(w0)), abs(hi(w0))),
+                                                                    max(abs(lo(w1)), abs(hi(w1))))
         cuda.syncthreads()
-        width = 16
-        while width > 0:  # shared-memory trees per row: the simulator has no warp shuffles
+        width = uint64(16)
+        while width > uint64(0):  # shared-memory trees per row: the simulator has no warp shuffles
             if lane < width:
                 for i in range(Q_ROWS_PER_WARP):
-                    r = w * Q_ROWS_PER_WARP + i
+                    r = w * uint64(Q_ROWS_PER_WARP) + uint64(i)
                     red[r, lane] = max(red[r, lane], red[r, lane + width])
             cuda.syncthreads()
-            width //= 2
+            width //= uint64(2)
         for i in range(Q_ROWS_PER_WARP):
-            row = base + i
-            if row < q.shape[0]:
-                s = div_rn(red[w * Q_ROWS_PER_WARP + i, 0], float32(E4M3_MAX))
+            row = base + uint64(i)
+            if row < rows:
+                s = div_rn(red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), uint64(0)], float32(E4M3_MAX))
                 out = uint32(0)
                 if s > float32(0.0):
                     inv = div_rn(float32(1.0), s)
                     w0, w1 = words[2 * i], words[2 * i + 1]
                     out = uint32(e4m3x2(quotient_or_div(lo(w0), s, inv), quotient_or_div(hi(w0), s, inv))
                                  | (e4m3x2(quotient_or_div(lo(w1), s, inv), quotient_or_div(hi(w1), s, inv)) << 16))
-                q8[row, lane] = out
-                if lane == 0:
+                q8[row * uint64(32) + lane] = out
+                if lane == uint64(0):
                     s_q[row] = s
 
+    @cuda.jit(device=True)
+    def reciprocal(s):
+        """RN(1 / s), 0 for s = 0."""
+        if s > float32(0.0):
+            return div_rn(float32(1.0), s)
+        return float32(0.0)
+
+    @cuda.jit(device=True)
+    def code_of(a, s, inv):
+        """e4m3(RN(a / s)) as uint32 (quotient_or_div's conditions), 0 for s = 0."""
+        if s > float32(0.0):
+            return uint32(e4m3(quotient_or_div(a, s, inv)))
+        return uint32(0)
+
     @cuda.jit
-    def kv_block_kernel(k, v, blocks, partials):
+    def kv_block_kernel(k, v, blocks, partials, heads, n):
         """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
-        amax |v| over them (f32 [2, n, heads, 128]). Grid n * heads (a 1-D grid has room for any
-        n), one thread per channel: the work of a long segment spreads over its blocks instead of
-        one CTA per (segment, head), and the CTAs in flight (heads fastest) read whole token rows,
-        not 256-byte pieces 14 KB apart."""
-        h, blk, c = cuda.blockIdx.x % k.shape[1], cuda.blockIdx.x // k.shape[1], cuda.threadIdx.x
-        first, count = blocks[blk, 1], blocks[blk, 2]
-        kk = cuda.local.array(BATCH, float32)
-        vv = cuda.local.array(BATCH, float32)
-        total = float32(0.0)
-        amax = float32(0.0)
-        for t0 in range(0, count, BATCH):
-            for i in range(BATCH):  # loads first, so BATCH of them are in flight
-                kk[i] = float32(0.0)
-                vv[i] = float32(0.0)
-                if t0 + i < count:
-                    kk[i] = f32_from_bf16(k[first + t0 + i, h, c])
-                    vv[i] = abs(f32_from_bf16(v[first + t0 + i, h, c]))
-            for i in range(BATCH):
-                if t0 + i < count:
-                    total = float32(total + kk[i])
-                amax = max(amax, vv[i])
-        partials[0, blk, h, c] = total
-        partials[1, blk, h, c] = amax
+        amax |v| over them (f32 [2 * n * heads * 128]). k, v: uint64 [tokens * heads * 32] (bf16
+        quads). CTA c: head c % heads, blocks 4 (c // heads) + warp; lane l holds channels
+        4l .. 4l + 3, whose sums must run in token order, so a warp walks its block's keys in
+        order with BATCH loads in flight. Heads fastest: the CTAs in flight read whole token rows."""
+        t = uint64(cuda.threadIdx.x)
+        lane, w = t % uint64(32), t // uint64(32)
+        bid = uint64(cuda.blockIdx.x)
+        h = bid % heads
+        blk = (bid // heads) * uint64(KV_WARPS) + w
+        if blk < n:
+            first, count = uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
+            step = heads * uint64(32)
+            at = (first * heads + h) * uint64(32) + lane
+            kq = cuda.local.array(BATCH, uint64)
+            vq = cuda.local.array(BATCH, uint64)
+            t0_, t1_, t2_, t3_ = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+            a0_, a1_, a2_, a3_ = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+            for t0 in range(uint64(0), count, uint64(BATCH)):
+                for i in range(BATCH):  # loads first, so BATCH of them are in flight
+                    kq[i] = uint64(0)
+                    vq[i] = uint64(0)
+                    if t0 + uint64(i) < count:
+                        kq[i] = k[at + (t0 + uint64(i)) * step]
+                        vq[i] = v[at + (t0 + uint64(i)) * step]
+                for i in range(BATCH):
+                    if t0 + uint64(i) < count:
+                        k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
+                        v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
+                        t0_, t1_ = float32(t0_ + lo(k0)), float32(t1_ + hi(k0))
+                        t2_, t3_ = float32(t2_ + lo(k1)), float32(t3_ + hi(k1))
+                        a0_, a1_ = max(a0_, abs(lo(v0))), max(a1_, abs(hi(v0)))
+                        a2_, a3_ = max(a2_, abs(lo(v1))), max(a3_, abs(hi(v1)))
+            out = (blk * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+            plane = n * heads * uint64(HEAD_DIM)
+            partials[out], partials[out + uint64(1)] = t0_, t1_
+            partials[out + uint64(2)], partials[out + uint64(3)] = t2_, t3_
+            partials[plane + out], partials[plane + out + uint64(1)] = a0_, a1_
+            partials[plane + out + uint64(2)], partials[plane + out + uint64(3)] = a2_, a3_
 
     @cuda.jit
     def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
@@ -143,72 +176,96 @@ def _build():
         s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
 
     @cuda.jit
-    def k_quant_kernel(k, mu, blocks, k8, s_k):
-        """blocks: int64 [n, 3] (segment, first key, keys); s_k: f32 [n, heads]; k8: uint8 like k.
-        Grid n * heads (heads fastest), one thread per channel; the block's keys are read once,
-        into shared memory."""
-        h, blk, c = cuda.blockIdx.x % k.shape[1], cuda.blockIdx.x // k.shape[1], cuda.threadIdx.x
-        red = cuda.shared.array(HEAD_DIM, float32)
-        tile = cuda.shared.array((K_BLOCK, HEAD_DIM), uint16)
-        kk = cuda.local.array(BATCH, uint16)
-        seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
-        m = mu[seg, h, c]
+    def k_quant_kernel(k, mu, blocks, k8, s_k, heads):
+        """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
+        int64 [n, 3] (segment, first key, keys); k8: uint32 [tokens * heads * 32] (e4m3 quads);
+        s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys w, w + 4,
+        ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
+        t = uint64(cuda.threadIdx.x)
+        lane, w = t % uint64(32), t // uint64(32)
+        bid = uint64(cuda.blockIdx.x)
+        h, blk = bid % heads, bid // heads
+        red = cuda.shared.array(KV_THREADS, float32)
+        kq = cuda.local.array(KEYS_PER_WARP, uint64)
+        seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
+        step = heads * uint64(32 * KV_WARPS)
+        at = ((first + w) * heads + h) * uint64(32) + lane
+        mi = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+        m0, m1, m2, m3 = mu[mi], mu[mi + uint64(1)], mu[mi + uint64(2)], mu[mi + uint64(3)]
+        for i in range(KEYS_PER_WARP):
+            kq[i] = uint64(0)
+            if w + uint64(KV_WARPS * i) < count:
+                kq[i] = k[at + uint64(i) * step]
         amax = float32(0.0)
-        for t0 in range(0, count, BATCH):
-            for i in range(BATCH):
-                kk[i] = uint16(0)
-                if t0 + i < count:
-                    kk[i] = k[first + t0 + i, h, c]
-            for i in range(BATCH):
-                if t0 + i < count:
-                    tile[t0 + i, c] = kk[i]
-                    amax = max(amax, abs(float32(f32_from_bf16(kk[i]) - m)))
-        red[c] = amax
+        for i in range(KEYS_PER_WARP):
+            if w + uint64(KV_WARPS * i) < count:
+                k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
+                amax = max(amax, abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)),
+                           abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3)))
+        red[t] = amax
         cuda.syncthreads()
-        half = HEAD_DIM // 2
-        while half > 0:
-            if c < half:
-                red[c] = max(red[c], red[c + half])
+        half = uint64(KV_THREADS // 2)
+        while half > uint64(0):
+            if t < half:
+                red[t] = max(red[t], red[t + half])
             cuda.syncthreads()
-            half //= 2
+            half //= uint64(2)
         s = div_rn(red[0], float32(E4M3_MAX))
-        for t in range(count):
-            code = 0
-            if s > float32(0.0):  # k' is no bf16 value: an exact division
-                code = e4m3(div_rn(float32(f32_from_bf16(tile[t, c]) - m), s))
-            k8[first + t, h, c] = code
-        if c == 0:
-            s_k[blk, h] = s
+        for i in range(KEYS_PER_WARP):
+            if w + uint64(KV_WARPS * i) < count:
+                out = uint32(0)
+                if s > float32(0.0):  # k' is no bf16 value: exact divisions
+                    k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
+                    c0, c1 = div_rn(float32(lo(k0) - m0), s), div_rn(float32(hi(k0) - m1), s)
+                    c2, c3 = div_rn(float32(lo(k1) - m2), s), div_rn(float32(hi(k1) - m3), s)
+                    out = uint32(e4m3x2(c0, c1) | (e4m3x2(c2, c3) << 16))
+                k8[at + uint64(i) * step] = out
+        if t == uint64(0):
+            s_k[blk * heads + h] = s
 
     @cuda.jit
-    def v_quant_kernel(v, s_v, blocks, v8t):
-        """v8t: uint8 [heads, 128, n * 128] (the module docstring's layout). Grid n * heads
-        (heads fastest). Thread x first quantizes channel x of the block's keys into shared
-        memory, then writes column x (key v_key_at(x)) of every channel row, so that global writes
-        are coalesced."""
-        h, blk, x = cuda.blockIdx.x % v.shape[1], cuda.blockIdx.x // v.shape[1], cuda.threadIdx.x
-        tile = cuda.shared.array((K_BLOCK, V_TILE_COLS), uint8)
-        vv = cuda.local.array(BATCH, uint16)
-        seg, first, count = blocks[blk, 0], blocks[blk, 1], blocks[blk, 2]
-        s = s_v[seg, h, x]
-        inv = float32(0.0)
-        if s > float32(0.0):
-            inv = div_rn(float32(1.0), s)
-        for t0 in range(0, K_BLOCK, BATCH):
-            for i in range(BATCH):
-                vv[i] = uint16(0)
-                if t0 + i < count:
-                    vv[i] = v[first + t0 + i, h, x]
-            for i in range(BATCH):
-                code = 0
-                if t0 + i < count and s > float32(0.0):
-                    code = e4m3(quotient_or_div(f32_from_bf16(vv[i]), s, inv))
-                tile[t0 + i, x] = code
+    def v_quant_kernel(v, s_v, blocks, v8t, heads, n):
+        """v: uint64 [tokens * heads * 32] (bf16 quads); s_v: f32 [segments * heads * 128]; v8t:
+        uint32 [heads * 128 * n * 32], the module docstring's layout in 4-byte words. CTA c: block
+        c // heads, head c % heads. Warp w first quantizes keys w, w + 4, ... (lane l: channels
+        4l .. 4l + 3) into a shared tile, then writes channel rows w, w + 4, ..., lane l the four
+        columns 4l .. 4l + 3 (keys v_key_at(column)) as one word: 128-byte coalesced rows."""
+        t = uint64(cuda.threadIdx.x)
+        lane, w = t % uint64(32), t // uint64(32)
+        bid = uint64(cuda.blockIdx.x)
+        h, blk = bid % heads, bid // heads
+        tile = cuda.shared.array((K_BLOCK, TILE_WORDS), uint32)
+        vq = cuda.local.array(KEYS_PER_WARP, uint64)
+        seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
+        step = heads * uint64(32 * KV_WARPS)
+        at = ((first + w) * heads + h) * uint64(32) + lane
+        sv = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+        s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
+        i0, i1, i2, i3 = reciprocal(s0), reciprocal(s1), reciprocal(s2), reciprocal(s3)
+        for i in range(KEYS_PER_WARP):
+            vq[i] = uint64(0)
+            if w + uint64(KV_WARPS * i) < count:
+                vq[i] = v[at + uint64(i) * step]
+        for i in range(KEYS_PER_WARP):
+            word = uint32(0)
+            if w + uint64(KV_WARPS * i) < count:
+                v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
+                word = (code_of(lo(v0), s0, i0) | (code_of(hi(v0), s1, i1) << uint32(8))
+                        | (code_of(lo(v1), s2, i2) << uint32(16)) | (code_of(hi(v1), s3, i3) << uint32(24)))
+            tile[w + uint64(KV_WARPS * i), lane] = word
         cuda.syncthreads()
-        key = (x & ~15) | (((x >> 2) & 3) << 1) | (x & 1) | (((x >> 1) & 1) << 3)  # v_key_at(x)
-        col = blk * K_BLOCK + x
-        for c in range(HEAD_DIM):
-            v8t[h, c, col] = tile[key, c]
+        col = uint64(4) * lane
+        row_words = n * uint64(K_BLOCK // 4)
+        for r in range(HEAD_DIM // KV_WARPS):
+            c = w + uint64(KV_WARPS * r)
+            word = uint32(0)
+            for b in range(4):
+                p = col + uint64(b)
+                key = (((p >> uint64(4)) << uint64(4)) | (((p >> uint64(2)) & uint64(3)) << uint64(1)) | (p & uint64(1))
+                       | (((p >> uint64(1)) & uint64(1)) << uint64(3)))  # v_key_at(p)
+                byte = (tile[key, c >> uint64(2)] >> uint32(8 * (c & uint64(3)))) & uint32(0xFF)
+                word |= byte << uint32(8 * b)
+            v8t[(h * uint64(HEAD_DIM) + c) * row_words + blk * uint64(K_BLOCK // 4) + lane] = word
 
     return q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel
 
@@ -265,17 +322,24 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     qk, kv_block, kv_segment, kq, vq = kernels()
     cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
     out = []
-    if tokens:
-        rows = tokens * heads
-        out.append(("q_kernel", lambda: qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](
-            q.reshape(rows, HEAD_DIM).view(np.uint64), q8.reshape(rows, HEAD_DIM).view(np.uint32), s_q.reshape(rows))))
+    rows = tokens * heads
+    quads = lambda a: a.reshape(rows * HEAD_DIM).view(np.uint64)  # bf16 [tokens, heads, 128] -> quads
+    words = lambda a: a.reshape(a.size).view(np.uint32)
+    flat = lambda a: a.reshape(a.size)
     n = blocks.shape[0]
+    h64, n64 = np.uint64(heads), np.uint64(n)
+    if tokens:
+        out.append(("q_kernel", lambda: qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](
+            quads(q), words(q8), flat(s_q), np.uint64(rows))))
     if n:
-        out.append(("kv_block_kernel", lambda: kv_block[cfg(n * heads, HEAD_DIM)](k, v, blocks, partials)))
+        out.append(("kv_block_kernel", lambda: kv_block[cfg(-(-n // KV_WARPS) * heads, KV_THREADS)](
+            quads(k), quads(v), blocks, flat(partials), h64, n64)))
     if segments and tokens:
         out.append(("kv_segment_kernel", lambda: kv_segment[cfg((segments, heads), HEAD_DIM)](
             cu, block_offset, partials, mu, s_v)))
     if n:
-        out.append(("k_quant_kernel", lambda: kq[cfg(n * heads, HEAD_DIM)](k, mu, blocks, k8, s_k)))
-        out.append(("v_quant_kernel", lambda: vq[cfg(n * heads, HEAD_DIM)](v, s_v, blocks, v8t)))
+        out.append(("k_quant_kernel", lambda: kq[cfg(n * heads, KV_THREADS)](
+            quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)))
+        out.append(("v_quant_kernel", lambda: vq[cfg(n * heads, KV_THREADS)](
+            quads(v), flat(s_v), blocks, words(v8t), h64, n64)))
     return out

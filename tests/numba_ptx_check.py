@@ -16,7 +16,7 @@ def main():
 
     target = {}
     dispatcher.get_current_device = lambda: type("Device", (), {"compute_capability": target["cc"]})()
-    u8, u16, u32, u64, i32, i64, f32 = np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64, np.float32
+    u32, u64, i32, i64, f32 = np.uint32, np.uint64, np.int32, np.int64, np.float32
     z = np.zeros
     t, h, blocks = 5, 2, 3
     cases = {"mlp_fp8_row": (mlp_fp8_row.kernel(), (
@@ -24,15 +24,15 @@ def main():
         z((2, 1344), u32), z(2, f32)))}
     qk, kv_block, kv_segment, kq, vq = quant.kernels()
     cases.update({
-        "q_kernel": (qk, (z((t * h, 32), u64), z((t * h, 32), u32), z(t * h, f32))),
-        "kv_block_kernel": (kv_block, (z((t, h, 128), u16), z((t, h, 128), u16), z((blocks, 3), i64),
-                                       z((2, blocks, h, 128), f32))),
+        "q_kernel": (qk, (z(t * h * 32, u64), z(t * h * 32, u32), z(t * h, f32), u64(t * h))),
+        "kv_block_kernel": (kv_block, (z(t * h * 32, u64), z(t * h * 32, u64), z((blocks, 3), i64),
+                                       z(2 * blocks * h * 128, f32), u64(h), u64(blocks))),
         "kv_segment_kernel": (kv_segment, (z(3, i32), z(3, i32), z((2, blocks, h, 128), f32), z((2, h, 128), f32),
                                            z((2, h, 128), f32))),
-        "k_quant_kernel": (kq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64), z((t, h, 128), u8),
-                                z((blocks, h), f32))),
-        "v_quant_kernel": (vq, (z((t, h, 128), u16), z((2, h, 128), f32), z((blocks, 3), i64),
-                                z((h, 128, blocks * 128), u8))),
+        "k_quant_kernel": (kq, (z(t * h * 32, u64), z(2 * h * 128, f32), z((blocks, 3), i64), z(t * h * 32, u32),
+                                z(blocks * h, f32), u64(h))),
+        "v_quant_kernel": (vq, (z(t * h * 32, u64), z(2 * h * 128, f32), z((blocks, 3), i64),
+                                z(h * 128 * blocks * 32, u32), u64(h), u64(blocks))),
     })
     for name, (kernel, args) in cases.items():
         sig = tuple(numba.typeof(a) for a in args)
