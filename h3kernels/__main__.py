@@ -43,6 +43,8 @@ def main(argv=None):
     sub.add_parser("info", help="device, arch, mma forms, compile cache").set_defaults(fn=cmd_info)
     d = sub.add_parser("demo", help="run the operators at MiniMax-H3 sizes against the reference")
     d.add_argument("--rows", type=int, default=16384, help="MLP rows M on the GPU (default 16384)")
+    d.add_argument("--segments", type=int, nargs="+", default=[4096, 4096, 4096, 4096],
+                   help="attention segment lengths on the GPU (default 4 x 4096)")
     d.set_defaults(fn=cmd_demo)
     a = p.parse_args(argv)
     return a.fn(a)

@@ -46,7 +46,7 @@ def _build():
     from .fp8_bits import MIN_FAST_SCALE, make_quotient, primitives
 
     p = primitives()
-    e4m3, e4m3x2, div_rn = p.e4m3_from_f32, p.e4m3x2_from_f32, p.div_rn
+    e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
     quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
 
@@ -108,13 +108,6 @@ def _build():
         if s > float32(0.0):
             return div_rn(float32(1.0), s)
         return float32(0.0)
-
-    @cuda.jit(device=True)
-    def code_of(a, s, inv):
-        """e4m3(RN(a / s)) as uint32 (quotient_or_div's conditions), 0 for s = 0."""
-        if s > float32(0.0):
-            return uint32(e4m3(quotient_or_div(a, s, inv)))
-        return uint32(0)
 
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials, heads, n):
@@ -242,6 +235,16 @@ def _build():
         sv = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
         s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
         i0, i1, i2, i3 = reciprocal(s0), reciprocal(s1), reciprocal(s2), reciprocal(s3)
+        # codes go through e4m3x2 in pairs; a zero-scale channel's byte is masked to 0 afterwards
+        keep = uint32(0)
+        if s0 > float32(0.0):
+            keep |= uint32(0xFF)
+        if s1 > float32(0.0):
+            keep |= uint32(0xFF00)
+        if s2 > float32(0.0):
+            keep |= uint32(0xFF0000)
+        if s3 > float32(0.0):
+            keep |= uint32(0xFF000000)
         for i in range(KEYS_PER_WARP):
             vq[i] = uint64(0)
             if w + uint64(KV_WARPS * i) < count:
@@ -250,8 +253,9 @@ def _build():
             word = uint32(0)
             if w + uint64(KV_WARPS * i) < count:
                 v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
-                word = (code_of(lo(v0), s0, i0) | (code_of(hi(v0), s1, i1) << uint32(8))
-                        | (code_of(lo(v1), s2, i2) << uint32(16)) | (code_of(hi(v1), s3, i3) << uint32(24)))
+                word = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
+                                     | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
+                                        << 16))
             tile[w + uint64(KV_WARPS * i), lane] = word
         cuda.syncthreads()
         col = uint64(4) * lane
