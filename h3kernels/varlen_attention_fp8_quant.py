@@ -159,9 +159,20 @@ def _build():
         a, b = cu[seg], cu[seg + 1]
         total = float32(0.0)
         amax = float32(0.0)
-        for blk in range(block_offset[seg], block_offset[seg + 1]):
-            total = float32(total + partials[0, blk, h, c])
-            amax = max(amax, partials[1, blk, h, c])
+        b0, b1 = block_offset[seg], block_offset[seg + 1]
+        pk = cuda.local.array(BATCH, float32)
+        pv = cuda.local.array(BATCH, float32)
+        for j0 in range(b0, b1, BATCH):  # a long segment has many blocks: BATCH loads in flight
+            for i in range(BATCH):
+                pk[i] = float32(0.0)
+                pv[i] = float32(0.0)
+                if j0 + i < b1:
+                    pk[i] = partials[0, j0 + i, h, c]
+                    pv[i] = partials[1, j0 + i, h, c]
+            for i in range(BATCH):
+                if j0 + i < b1:
+                    total = float32(total + pk[i])
+                amax = max(amax, pv[i])
         mean = float32(0.0)
         if b > a:
             mean = div_rn(total, float32(b - a))
