@@ -81,7 +81,7 @@ def run_gpu(args):
                                                              workspace_a_scale=a_s))
     torch_ms = median_ms(lambda: R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx)), reps=5)
     nbytes = x.numel() * 2 + a_q.numel() + a_s.numel() * 4
-    copy_gbs, _ = copy_bandwidth_gbs(nbytes)
+    copy_gbs, _ = copy_bandwidth_gbs(nbytes, batch=10)  # timed like the kernel (bench/bench_row.py)
     gbs = nbytes / (kernel_ms * 1e-3) / 1e9
     print(f"MLP row stage (RMSNorm + AdaLN + e4m3 quantization), M={m}:")
     print(f"  vs reference: {same_q} of {a_q.numel()} a_q bytes and {same_s} of {m} scales differ")
