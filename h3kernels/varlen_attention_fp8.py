@@ -89,6 +89,7 @@ def check_args(q, k, v, cu_seqlens, out):
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not validate.is_contiguous(a):
             validate.fail(name, f"strides {dispatch.strides_elems(a)}", "a contiguous array")
+        validate.aligned(name, a, 8)  # the quantization passes read bf16 quads
     if dispatch.logical_dtype(cu_seqlens) != dispatch.I32:
         validate.fail("cu_seqlens", cu_seqlens.dtype, dispatch.I32, TypeError)
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
@@ -174,7 +175,7 @@ def _device_id(device):
     if isinstance(device, str):  # before the attribute probes: str has an .index method
         if device == "cuda":
             return _device_id(None)
-        if device.startswith("cuda:") and device[5:].isdigit():
+        if device.startswith("cuda:") and device[5:].isascii() and device[5:].isdecimal():
             return int(device[5:])
         validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
     idx = getattr(device, "index", None)  # torch.device

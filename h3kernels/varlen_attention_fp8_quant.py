@@ -102,13 +102,6 @@ def _build():
                 if lane == uint64(0):
                     s_q[row] = s
 
-    @cuda.jit(device=True)
-    def reciprocal(s):
-        """RN(1 / s), 0 for s = 0."""
-        if s > float32(0.0):
-            return div_rn(float32(1.0), s)
-        return float32(0.0)
-
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials, heads, n):
         """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
@@ -245,17 +238,27 @@ def _build():
         at = ((first + w) * heads + h) * uint64(32) + lane
         sv = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
         s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
-        i0, i1, i2, i3 = reciprocal(s0), reciprocal(s1), reciprocal(s2), reciprocal(s3)
-        # codes go through e4m3x2 in pairs; a zero-scale channel's byte is masked to 0 afterwards
+        # codes go through e4m3x2 in pairs; a zero-scale channel divides by 1 instead, and its byte
+        # is masked to 0 afterwards
         keep = uint32(0)
         if s0 > float32(0.0):
             keep |= uint32(0xFF)
+        else:
+            s0 = float32(1.0)
         if s1 > float32(0.0):
             keep |= uint32(0xFF00)
+        else:
+            s1 = float32(1.0)
         if s2 > float32(0.0):
             keep |= uint32(0xFF0000)
+        else:
+            s2 = float32(1.0)
         if s3 > float32(0.0):
             keep |= uint32(0xFF000000)
+        else:
+            s3 = float32(1.0)
+        one = float32(1.0)
+        i0, i1, i2, i3 = div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
         for i in range(KEYS_PER_WARP):
             vq[i] = uint64(0)
             if w + uint64(KV_WARPS * i) < count:

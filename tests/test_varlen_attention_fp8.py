@@ -330,6 +330,8 @@ BAD = [
     (_set("k", lambda x: x[:, :1]), ValueError, "k: got shape (8, 1, 128); need q's shape (8, 2, 128)"),
     (_set("v", lambda x: x[:7]), ValueError, "v: got shape (7, 2, 128); need q's shape (8, 2, 128)"),
     (_set("k", lambda x: x.transpose(0, 1).contiguous().transpose(0, 1)), ValueError, "k: got strides (128, 1024, 1)"),
+    (_set("k", lambda x: torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)), ValueError,
+     "k: got base address 0x"),  # contiguous, 2 bytes off: the passes read 8-byte quads
     (_set("cu_seqlens", lambda x: x.long()), TypeError, "cu_seqlens: got torch.int64; need int32"),
     (_set("cu_seqlens", lambda x: x[None]), ValueError, "cu_seqlens: got shape (1, 4); need shape (segments + 1,)"),
     (_set("softmax_scale", lambda x: 0.0), ValueError, "softmax_scale: got 0.0; need a positive float"),
@@ -631,6 +633,6 @@ def test_the_benchmarks_reference_rows_are_the_references():
 
 def test_workspace_device_arguments():
     assert A._device_id("cuda:3") == 3 and A._device_id(2) == 2 and A._device_id(torch.device("cuda", 1)) == 1
-    for bad in ("gpu", "cuda:x", 1.5):
+    for bad in ("gpu", "cuda:x", "cuda:\u00b2", 1.5):
         with pytest.raises(TypeError, match="^device: got "):
             A._device_id(bad)
