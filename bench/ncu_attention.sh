@@ -2,13 +2,16 @@
 # Nsight Compute on the attention kernel (the third call) for each segment set named, after
 # source bench/device_env.sh (device tool; clocks left alone). Output: $OUT/ncu_attention.txt.
 # Usage: bash bench/ncu_attention.sh 4x4096 1x16384
+# H3_NCU_KERNELS='regex:kv_block|k_quant|v_quant|q_kernel' H3_NCU_COUNT=4 profiles the quantization
+# passes instead (Numba names its kernels after the Python functions).
 set -u
 for set in "$@"; do
   echo "=== $set" >> "$OUT/ncu_attention.txt"
-  timeout 150 ncu --clock-control none --kernel-name regex:h3_varlen_attention --launch-skip 2 --launch-count 1 \
+  timeout 150 ncu --clock-control none --kernel-name "${H3_NCU_KERNELS:-regex:h3_varlen_attention}" \
+    --launch-skip "${H3_NCU_SKIP:-2}" --launch-count "${H3_NCU_COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats \
     python3 bench/attention_once.py "$set" 3 2>&1 | grep -vE "^==PROF==|^\s*$" >> "$OUT/ncu_attention.txt"
 done
-grep -E "^===|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L2 Hit Rate|DRAM Throughput|Stall" \
+grep -E "^===|Context [0-9]|Memory Throughput|Registers Per|Achieved Occupancy|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L2 Hit Rate|DRAM Throughput|Stall" \
   "$OUT/ncu_attention.txt" | head -60
