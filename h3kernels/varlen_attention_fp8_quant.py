@@ -37,7 +37,6 @@ KV_THREADS = 128  # 4 warps; a lane holds a quad of channels (4 bf16 in 64 bits)
 KV_WARPS = KV_THREADS // 32
 KEYS_PER_WARP = K_BLOCK // KV_WARPS  # in the K and V quantizers warp w takes keys w, w + 4, ...
 BATCH = 16  # keys a kv_block_kernel lane has in flight at once
-BLOCK_SUM_WARPS = 8  # kv_block_kernel: a warp per head, 8 heads per CTA
 TILE_WORDS = HEAD_DIM // 4 + 1  # uint32 words per key row of v_quant's tile; +1 spreads column reads
 _lock = threading.Lock()
 _kernels = None
@@ -107,18 +106,15 @@ def _build():
     def kv_block_kernel(k, v, blocks, partials, heads, n):
         """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
         amax |v| over them (f32 [2 * n * heads * 128]). k, v: uint64 [tokens * heads * 32] (bf16
-        quads). CTA c: block c // g, heads 8 (c % g) + warp, g = ceil(heads / 8); lane l holds
-        channels 4l .. 4l + 3, whose sums must run in token order, so a warp walks its block's keys
-        in order with BATCH loads in flight. The 8 warps read 2 KB of each token row together, and
-        the CTAs in flight (head groups fastest) the rest of the row: 256-byte pieces 14 KB apart
-        per warp alone kept DRAM at 39% of its rate (Nsight, docs/perf.md)."""
+        quads). CTA c: head c % heads, blocks 4 (c // heads) + warp; lane l holds channels
+        4l .. 4l + 3, whose sums must run in token order, so a warp walks its block's keys in
+        order with BATCH loads in flight. Heads fastest: the CTAs in flight read whole token rows."""
         t = uint64(cuda.threadIdx.x)
         lane, w = t % uint64(32), t // uint64(32)
         bid = uint64(cuda.blockIdx.x)
-        groups = (heads + uint64(BLOCK_SUM_WARPS - 1)) // uint64(BLOCK_SUM_WARPS)
-        h = (bid % groups) * uint64(BLOCK_SUM_WARPS) + w
-        blk = bid // groups
-        if h < heads:
+        h = bid % heads
+        blk = (bid // heads) * uint64(KV_WARPS) + w
+        if blk < n:
             first, count = uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
             step = heads * uint64(32)
             at = (first * heads + h) * uint64(32) + lane
@@ -354,7 +350,7 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
         out.append(("q_kernel", lambda: qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](
             quads(q), words(q8), flat(s_q), np.uint64(rows))))
     if n:
-        out.append(("kv_block_kernel", lambda: kv_block[cfg(n * -(-heads // BLOCK_SUM_WARPS), 32 * BLOCK_SUM_WARPS)](
+        out.append(("kv_block_kernel", lambda: kv_block[cfg(-(-n // KV_WARPS) * heads, KV_THREADS)](
             quads(k), quads(v), blocks, flat(partials), h64, n64)))
     if segments and tokens:
         out.append(("kv_segment_kernel", lambda: kv_segment[cfg((segments, heads), HEAD_DIM)](
