@@ -55,8 +55,9 @@ from h3kernels.compare import rel_l2
 from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops
 from h3kernels.timing import median_ms, median_ms_batched
 
+from bench_common import ceiling_tflops, elapsed, log, short
+
 BF = torch.bfloat16
-T0 = time.time()
 SETS = (("4x4096", [4096] * 4), ("16x1024", [1024] * 16), ("1x16384", [16384]),
         ("7000+3000+6000+384", [7000, 3000, 6000, 384]), ("1x65536", [65536]))
 QUICK = ("4x4096", "1x16384")
@@ -66,15 +67,6 @@ PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is mar
 VARIANTS = (("exact", True), ("online", False))  # (name, varlen_attention_fp8.EXACT_MAX)
 H3REF_OK_REL_L2 = 0.02  # issue 4: ours vs h3kernels.reference
 REF_ROWS_CHUNK = 256  # query rows per reference step: [56, 256, 65536] f32 scores = 3.8 GB
-
-
-def log(msg):
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def short(err, n=240):
-    s = f"{type(err).__name__}: {err}".replace("\n", " ")
-    return s if len(s) <= n else s[:n] + " ..."
 
 
 class Hung(Exception):
@@ -544,7 +536,7 @@ def targets(results, ceil):
 
 def summary(results, ceil, form):
     s = dict(ceil_tflops=round(ceil, 1) if ceil else None, form=form, heads=results[0]["heads"] if results else None,
-             elapsed_s=round(time.time() - T0, 1))
+             elapsed_s=round(elapsed(), 1))
     for r in results:
         e = {}
         for key, _ in PEERS:
@@ -573,16 +565,6 @@ def summary(results, ceil, form):
         s[r["name"]] = e
     s["targets"] = targets(results, ceil)
     return s
-
-
-def ceiling_tflops(dev_id, form):
-    try:
-        from h3kernels import mma_ceiling
-
-        return mma_ceiling.measure_tflops(dev_id, form)
-    except Exception as err:
-        log("e4m3 mma.sync ceiling: failed " + short(err))
-        return None
 
 
 def op_form(dev_id):
@@ -640,7 +622,7 @@ def main():
                varlen_impls={k: lab for k, (lab, _) in st["varlen"].items()}, varlen_absent=st["varlen_absent"])
 
     def finish(ceil):
-        out.update(ceiling_tflops=ceil, elapsed_s=time.time() - T0)
+        out.update(ceiling_tflops=ceil, elapsed_s=elapsed())
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)

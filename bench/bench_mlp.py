@@ -34,19 +34,11 @@ from h3kernels.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp
 from h3kernels.shapes import FFN, HIDDEN, mlp_flops
 from h3kernels.timing import median_ms, median_ms_batched
 
+from bench_common import ceiling_tflops, elapsed, log, short
+
 E4 = torch.float8_e4m3fn
 BF = torch.bfloat16
 ADALN_ROWS = 50
-T0 = time.time()
-
-
-def log(msg):
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def short(err, n=240):
-    s = f"{type(err).__name__}: {err}".replace("\n", " ")
-    return s if len(s) <= n else s[:n] + " ..."
 
 
 # --- the operator under test ---------------------------------------------------------------
@@ -70,16 +62,6 @@ def op_form(dev, requested):
         from h3kernels import mma_ceiling
 
         return mma_ceiling.supported_forms(dev)[0]
-
-
-def ceiling_tflops(dev, form):
-    try:
-        from h3kernels import mma_ceiling
-
-        return mma_ceiling.measure_tflops(dev, form)
-    except Exception as err:
-        log("e4m3 mma.sync ceiling: failed " + short(err))
-        return None
 
 
 class AllocCount:
@@ -239,8 +221,8 @@ def run_m(m, st, args):
     record("fp8_eager", lambda s: mlp_fp8(*s, w1q, w1s, w2q, w2s))
 
     if st["compiled"] is not None and not args.no_compile:
-        if time.time() - T0 > args.compile_budget_s and st["compiled_at"] is None:
-            res["fp8_compile"] = dict(error=f"skipped: {time.time() - T0:.0f} s elapsed before the first compile")
+        if elapsed() > args.compile_budget_s and st["compiled_at"] is None:
+            res["fp8_compile"] = dict(error=f"skipped: {elapsed():.0f} s elapsed before the first compile")
             log("  fp8_compile  " + res["fp8_compile"]["error"])
         else:
             try:
@@ -331,7 +313,7 @@ def table(results, ceil, form, device):
 
 
 def summary(results, ceil, form):
-    s = dict(ceil_tflops=round(ceil, 1) if ceil else None, form=form, elapsed_s=round(time.time() - T0, 1))
+    s = dict(ceil_tflops=round(ceil, 1) if ceil else None, form=form, elapsed_s=round(elapsed(), 1))
     for r in results:
         e = {}
         o = r.get("ours", {})
@@ -415,7 +397,7 @@ def main():
 
     out = dict(date=datetime.date.today().isoformat(), device=name, torch=torch.__version__, form=form,
                ceiling_tflops=ceil, ceiling_runs=[ceil0, ceil1], compile_dynamic_from_m=st["compiled_at"],
-               results=results, elapsed_s=time.time() - T0)
+               results=results, elapsed_s=elapsed())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -37,7 +37,7 @@ def main():
     rounds = []
     for _ in range(5):
         k_ms = row_stage_kernel_ms(sets, a_q, a_s)
-        c_gbs, c_ms = copy_bandwidth_gbs(nbytes, batch=10)
+        c_gbs, c_ms = copy_bandwidth_gbs(nbytes)
         rounds.append((nbytes / (k_ms * 1e-3) / 1e9 / c_gbs, k_ms, c_ms, c_gbs))
     ratio, kernel_ms, copy_ms, copy_gbs = sorted(rounds)[len(rounds) // 2]
     cur = {}

@@ -45,7 +45,7 @@
 #define SKIP_SETTLED_RESCALE 0
 #else
 #define Q_IN_REGS 1
-#define SKIP_SETTLED_RESCALE 0
+#define SKIP_SETTLED_RESCALE 1
 #endif
 
 #ifndef H3_ATTN_EXACT_MAX

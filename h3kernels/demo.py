@@ -5,7 +5,6 @@ from .compare import bf16_ulps, cos, rel_l2
 from .shapes import HIDDEN
 
 
-
 def make_row_inputs(m, rows=50, device="cpu", seed=0):
     """Random MLP row-stage inputs: AdaLN tables are column chunks of a [rows, 6*5376] projection,
     and every 7th index is out of range."""
@@ -81,7 +80,7 @@ def run_gpu(args):
                                                              workspace_a_scale=a_s))
     torch_ms = median_ms(lambda: R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx)), reps=5)
     nbytes = x.numel() * 2 + a_q.numel() + a_s.numel() * 4
-    copy_gbs, _ = copy_bandwidth_gbs(nbytes, batch=10)  # timed like the kernel (bench/bench_row.py)
+    copy_gbs, _ = copy_bandwidth_gbs(nbytes)
     gbs = nbytes / (kernel_ms * 1e-3) / 1e9
     print(f"MLP row stage (RMSNorm + AdaLN + e4m3 quantization), M={m}:")
     print(f"  vs reference: {same_q} of {a_q.numel()} a_q bytes and {same_s} of {m} scales differ")
@@ -103,6 +102,7 @@ def run_gpu_attention(seqlens, heads=56):
 
     import h3kernels
     from . import reference as R
+    from .shapes import attention_flops
     from .timing import median_ms
 
     cu_host = [0]
@@ -125,7 +125,7 @@ def run_gpu_attention(seqlens, heads=56):
 
     bf16_ref = sdpa()
     ours, theirs = median_ms(run, reps=10), median_ms(sdpa, reps=10)
-    flops = 4 * sum((b - a) ** 2 for a, b in zip(cu_host, cu_host[1:])) * heads * 128
+    flops = attention_flops(seqlens, heads)
     err_ref, err_sdpa, ref_sdpa = rel_l2(out, want), rel_l2(out, bf16_ref), rel_l2(want, bf16_ref)
     print(f"attention (minimax_h3_varlen_attention_fp8), segments {list(seqlens)}, {heads} heads:")
     print(f"  rel L2 vs reference {err_ref:.4f} (online softmax: P rounds against running maxima, about 0.025 on long "

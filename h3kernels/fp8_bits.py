@@ -119,6 +119,17 @@ host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
 MIN_FAST_SCALE = 1e-30  # below this scale, kernels divide instead of calling quotient()
 
 
+def device_function(fn):
+    """A Numba device function on the GPU; in the CUDA simulator `fn` itself. The simulator runs
+    device functions as Python anyway, and its cuda.jit(device=True) wrapper takes a module-wide
+    lock on every call, which 128 busy threads turn into a convoy (a K pass ran minutes instead of
+    seconds). So simulated kernels call plain functions, and nothing inside one may use `cuda.`."""
+    from numba import cuda
+    from numba.cuda import config
+
+    return fn if config.ENABLE_CUDASIM else cuda.jit(device=True)(fn)
+
+
 def make_quotient(fma_rn):
     """A Numba device function quotient(a, s, inv), given inv = RN(1 / s), whose e4m3 code is that
     of RN(a / s), without a division: a * inv is within about an ulp, and one correction by the
@@ -126,9 +137,9 @@ def make_quotient(fma_rn):
     |a| <= amax and every bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE:
     tests/test_fp8_bits.py (a sample) and tests/quotient_sweep.py (all 1.04e9 pairs). So only
     quantizers of bf16 values by their own amax may use it. An exact product keeps its own sign: the correction would turn a = -0 into +0."""
-    from numba import cuda, float32
+    from numba import float32
 
-    @cuda.jit(device=True)
+    @device_function
     def quotient(a, s, inv):
         q = float32(a * inv)
         r = fma_rn(-q, s, a)
@@ -144,10 +155,7 @@ def primitives():
     from numba.cuda import config
 
     if config.ENABLE_CUDASIM:
-        # Plain functions: the simulator runs device functions as Python anyway, and its
-        # cuda.jit(device=True) wrapper takes a module-wide lock on every call, which 128 busy
-        # threads turn into a convoy (a K pass ran minutes instead of seconds).
-        return host
+        return host  # plain functions: see device_function
     return _gpu_primitives()
 
 

@@ -27,7 +27,7 @@ _kernel = None
 
 
 def _build():
-    from .fp8_bits import make_quotient, primitives
+    from .fp8_bits import device_function, make_quotient, primitives
 
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (
@@ -37,7 +37,7 @@ def _build():
 
     quotient = make_quotient(fma_rn)  # RN(a / s) by two FMAs (fp8_bits.make_quotient)
 
-    @cuda.jit(device=True)
+    @device_function
     def word(quad, h):
         """Word h (0: bits 0..31, 1: bits 32..63) of a bf16 quad."""
         return uint32((quad >> uint64(32 * h)) & uint64(0xFFFFFFFF))

@@ -43,14 +43,14 @@ _kernels = None
 
 
 def _build():
-    from .fp8_bits import MIN_FAST_SCALE, make_quotient, primitives
+    from .fp8_bits import MIN_FAST_SCALE, device_function, make_quotient, primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
     quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
 
-    @cuda.jit(device=True)
+    @device_function
     def quotient_or_div(a, s, inv):
         """RN(a / s), up to its e4m3 code, for bf16 a with |a| <= amax, s = RN(amax / 448) > 0 and
         inv = RN(1 / s). Tiny scales divide (make_quotient's range); the branch is per row or
@@ -101,6 +101,20 @@ def _build():
                 q8[row * uint64(32) + lane] = out
                 if lane == uint64(0):
                     s_q[row] = s
+
+    @device_function
+    def kept_byte(s, shift):
+        """0xFF << shift where a channel's scale is nonzero: the bytes of the V codes to keep."""
+        if s > float32(0.0):
+            return uint32(0xFF) << uint32(shift)
+        return uint32(0)
+
+    @device_function
+    def divisor(s):
+        """The scale, or 1 for a zero scale (whose codes kept_byte masks): no 0/0."""
+        if s > float32(0.0):
+            return s
+        return float32(1.0)
 
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials, heads, n):
@@ -240,23 +254,8 @@ def _build():
         s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
         # codes go through e4m3x2 in pairs; a zero-scale channel divides by 1 instead, and its byte
         # is masked to 0 afterwards
-        keep = uint32(0)
-        if s0 > float32(0.0):
-            keep |= uint32(0xFF)
-        else:
-            s0 = float32(1.0)
-        if s1 > float32(0.0):
-            keep |= uint32(0xFF00)
-        else:
-            s1 = float32(1.0)
-        if s2 > float32(0.0):
-            keep |= uint32(0xFF0000)
-        else:
-            s2 = float32(1.0)
-        if s3 > float32(0.0):
-            keep |= uint32(0xFF000000)
-        else:
-            s3 = float32(1.0)
+        keep = kept_byte(s0, 0) | kept_byte(s1, 8) | kept_byte(s2, 16) | kept_byte(s3, 24)
+        s0, s1, s2, s3 = divisor(s0), divisor(s1), divisor(s2), divisor(s3)
         one = float32(1.0)
         i0, i1, i2, i3 = div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
         for i in range(KEYS_PER_WARP):

@@ -611,7 +611,7 @@ def test_device_cu_seqlens_are_checked_after_one_copy():
         h3kernels.minimax_h3_varlen_attention_fp8(**args)
 
 
-def test_the_benchmarks_reference_rows_are_the_references():
+def test_the_benchmarks_reference_rows_are_the_references(monkeypatch):
     """bench/bench_attention.py compares ours with h3kernels.reference on sampled query rows only
     (reference_rows); those rows must be the whole-set reference's, bit for bit."""
     import importlib.util
@@ -623,6 +623,7 @@ def test_the_benchmarks_reference_rows_are_the_references():
         pytest.skip("no bench/ beside the package (installed copy)")
     spec = importlib.util.spec_from_file_location("bench_attention", path)
     bench = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(path.parent))  # its sibling bench_common, as when run as a script
     spec.loader.exec_module(bench)
     q, k, v, _, cu = random_inputs([5, 0, 200, 130], 3, k_offset=5.0, seed=29)
     want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.2)
