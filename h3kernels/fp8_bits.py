@@ -110,7 +110,18 @@ def sqrt_rn(a):
     return np.float32(math.sqrt(np.float32(a)))  # double rounding of sqrt from f64 is exact
 
 
-host = SimpleNamespace(f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32, bf16x2_from_f32=bf16x2_from_f32,
+def max_nan(a, b):
+    """The larger of two FP32 values, NaN if either is NaN (PTX max.NaN.f32; Python's max and the
+    plain max.f32 would drop the NaN, and an amax must not)."""
+    a, b = np.float32(a), np.float32(b)
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a >= b else b
+
+
+host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32, bf16x2_from_f32=bf16x2_from_f32,
                        f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
                        div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
@@ -187,6 +198,18 @@ def _gpu_primitives():
 
         return cvt
 
+    @intrinsic
+    def _max_nan(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
+            return builder.call(ir.InlineAsm(fnty, "max.NaN.f32 $0, $1, $2;", "=f,f,f"), args)
+
+        return types.float32(types.float32, types.float32), codegen
+
+    @cuda.jit(device=True)
+    def g_max_nan(a, b):
+        return _max_nan(a, b)
+
     _cvt_bf16x2 = paired_cvt("cvt.rn.bf16x2.f32", 32)
     _cvt_e4m3x2 = paired_cvt("cvt.rn.satfinite.e4m3x2.f32", 16)
 
@@ -230,7 +253,7 @@ def _gpu_primitives():
     def g_fma_rn(x, y, z):
         return libdevice.fmaf(x, y, z)
 
-    return SimpleNamespace(f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
+    return SimpleNamespace(max_nan=g_max_nan, f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
                            f32_from_bf16_hi=g_f32_from_bf16_hi,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,

@@ -32,6 +32,7 @@ def _build():
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (
         p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.fma_rn)
+    max_nan = p.max_nan  # a NaN anywhere in the row makes its amax and scale NaN, as the reference's
     # bf16 pairs in 32-bit words: one shift or mask per element to unpack, one cvt per pair to pack
     bf16x2, lo, hi = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi
 
@@ -95,7 +96,7 @@ def _build():
                     v1 = float32(float32(hi(n) * hi(s)) + hi(hw))
                     # bf16 rounding is monotonic and odd, so the amax of the rounded pair is the
                     # rounded amax of (v0, v1): taken once, after the reduction
-                    amax = max(amax, max(abs(v0), abs(v1)))
+                    amax = max_nan(amax, max_nan(abs(v0), abs(v1)))
                     packed |= uint64(bf16x2(v0, v1)) << uint64(32 * h)
                 xq[j] = packed
         red[t] = amax
@@ -103,13 +104,13 @@ def _build():
         half = uint64(ROW_THREADS // 2)
         while True:
             if t < half:
-                red[t] = max(red[t], red[t + half])
+                red[t] = max_nan(red[t], red[t + half])
             cuda.syncthreads()
             if half % uint64(2) == uint64(1):
                 break
             half //= uint64(2)
-        s_a = div_rn(f32_from_bf16(bf16_from_f32(max(max(red[0], red[1]), red[2]))), float32(E4M3_MAX))
-        live = valid and s_a > float32(0.0)
+        s_a = div_rn(f32_from_bf16(bf16_from_f32(max_nan(max_nan(red[0], red[1]), red[2]))), float32(E4M3_MAX))
+        live = valid and s_a > float32(0.0)  # a NaN scale writes zero codes, as the reference
         inv = float32(0.0)
         if live:
             inv = div_rn(float32(1.0), s_a)

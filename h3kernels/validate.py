@@ -1,6 +1,7 @@
 """Argument checks that run before any launch. Each failure names the argument, what it got and
 what it needs, as TypeError (wrong kind or dtype) or ValueError (wrong shape, device, value)."""
 import math
+import numbers
 
 import numpy as np
 
@@ -52,10 +53,9 @@ def aligned(name, a, nbytes):
 
 def positive_finite(name, v):
     """A float that stays positive and finite in FP32 (the kernels use it as float32)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         fail(name, repr(v), "a positive finite float", TypeError)
+    f = float(v)
     if not (math.isfinite(f) and f > 0 and 0 < float(np.float32(f)) < math.inf):
         fail(name, repr(v), "a positive float, finite and nonzero in FP32")
     return f

@@ -15,7 +15,6 @@ old one is destroyed, possibly with work still pending.
 """
 import collections
 import math
-import numbers
 import threading
 
 import numpy as np
@@ -69,8 +68,6 @@ def check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale):
     tokens, heads = check_args(q, k, v, cu_seqlens, out)
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(HEAD_DIM)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        validate.fail("softmax_scale", repr(softmax_scale), "a positive finite float", TypeError)
     else:
         scale = validate.positive_finite("softmax_scale", softmax_scale)
     return tokens, heads, scale, host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)

@@ -47,6 +47,7 @@ def _build():
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
+    mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
     quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
 
@@ -77,15 +78,15 @@ def _build():
             words[2 * i + 1] = uint32(quad >> uint64(32))
         for i in range(Q_ROWS_PER_WARP):
             w0, w1 = words[2 * i], words[2 * i + 1]
-            red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), lane] = max(max(abs(lo(w0)), abs(hi(w0))),
-                                                                    max(abs(lo(w1)), abs(hi(w1))))
+            red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), lane] = mx(mx(abs(lo(w0)), abs(hi(w0))),
+                                                                   mx(abs(lo(w1)), abs(hi(w1))))
         cuda.syncthreads()
         width = uint64(16)
         while width > uint64(0):  # shared-memory trees per row: the simulator has no warp shuffles
             if lane < width:
                 for i in range(Q_ROWS_PER_WARP):
                     r = w * uint64(Q_ROWS_PER_WARP) + uint64(i)
-                    red[r, lane] = max(red[r, lane], red[r, lane + width])
+                    red[r, lane] = mx(red[r, lane], red[r, lane + width])
             cuda.syncthreads()
             width //= uint64(2)
         for i in range(Q_ROWS_PER_WARP):
@@ -149,8 +150,8 @@ def _build():
                         v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
                         t0_, t1_ = float32(t0_ + lo(k0)), float32(t1_ + hi(k0))
                         t2_, t3_ = float32(t2_ + lo(k1)), float32(t3_ + hi(k1))
-                        a0_, a1_ = max(a0_, abs(lo(v0))), max(a1_, abs(hi(v0)))
-                        a2_, a3_ = max(a2_, abs(lo(v1))), max(a3_, abs(hi(v1)))
+                        a0_, a1_ = mx(a0_, abs(lo(v0))), mx(a1_, abs(hi(v0)))
+                        a2_, a3_ = mx(a2_, abs(lo(v1))), mx(a3_, abs(hi(v1)))
             out = (blk * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
             plane = n * heads * uint64(HEAD_DIM)
             partials[out], partials[out + uint64(1)] = t0_, t1_
@@ -179,7 +180,7 @@ def _build():
             for i in range(BATCH):
                 if j0 + i < b1:
                     total = float32(total + pk[i])
-                amax = max(amax, pv[i])
+                amax = mx(amax, pv[i])
         mean = float32(0.0)
         if b > a:
             mean = div_rn(total, float32(b - a))
@@ -211,14 +212,14 @@ def _build():
         for i in range(KEYS_PER_WARP):
             if w + uint64(KV_WARPS * i) < count:
                 k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
-                amax = max(amax, abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)),
-                           abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3)))
+                amax = mx(mx(amax, mx(abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)))),
+                          mx(abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3))))
         red[t] = amax
         cuda.syncthreads()
         half = uint64(KV_THREADS // 2)
         while half > uint64(0):
             if t < half:
-                red[t] = max(red[t], red[t + half])
+                red[t] = mx(red[t], red[t + half])
             cuda.syncthreads()
             half //= uint64(2)
         s = div_rn(red[0], float32(E4M3_MAX))

@@ -69,6 +69,52 @@ def test_simulator_row_kernel_is_bitwise_equal_to_reference(m):
     assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
 
 
+def nonfinite_rows(device="cpu"):
+    """Rows with a NaN, an Inf (sum of squares inf: r = 0, inf * 0 = NaN), and a NaN in the shift
+    table row they use: their amax and scale are NaN (codes 0, as the reference's); row 0 is clean."""
+    x, w, sc, sh, idx = make_row_inputs(4, 3, device=device, seed=torch.seed() % 2**31)
+    idx[:] = torch.tensor([0, 0, 0, 2])
+    x[1, 17] = float("nan")
+    x[2, 4000] = float("inf")
+    sh[2, 5] = float("nan")
+    return x, w, sc, sh, idx
+
+
+def assert_scales_match(got, want):
+    """Bitwise, except that a NaN scale only has to be a NaN (payloads differ between runners)."""
+    got, want = got.cpu(), want.cpu()
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))
+
+
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
+def test_simulator_nonfinite_rows_give_nan_scales():
+    from h3kernels import mlp_fp8_row
+
+    x, w, sc, sh, idx = nonfinite_rows()
+    a_q = np.full((4, HIDDEN), 0x7F, np.uint8)
+    a_s = np.zeros(4, np.float32)
+    quads = lambda t: bits16(t).view(np.uint64)
+    mlp_fp8_row.launch(quads(x), quads(w), quads(flat(sc)), quads(flat(sh)), sc.stride(0) // 4, sc.shape[0],
+                       idx.numpy(), 1e-5, a_q.view(np.uint32), a_s)
+    q, s = expected(x, w, sc, sh, idx)
+    assert s[1:].isnan().all() and not s[0].isnan()
+    assert_same_bits(torch.from_numpy(a_q), q.view(torch.uint8), "a_q")
+    assert_scales_match(torch.from_numpy(a_s), s)
+
+
+@pytest.mark.gpu
+def test_gpu_nonfinite_rows_give_nan_scales():
+    import h3kernels
+
+    x, w, sc, sh, idx = nonfinite_rows("cuda")
+    a_q, a_s = h3kernels.minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
+    q, s = expected(x, w, sc, sh, idx)
+    assert_same_bits(a_q.view(torch.uint8), q.view(torch.uint8), "a_q")
+    assert_scales_match(a_s, s)
+
+
 def run_gpu(m, kind="torch", stream=False, workspaces=False):
     import h3kernels
 

@@ -583,7 +583,30 @@ def test_two_streams_at_once_match_serial_runs():
     assert h3kernels.workspace_bytes(dev) == sum(held.values()) == h3kernels.workspace_bytes(f"cuda:{dev}")
 
 
+def _device_cu(values):
+    """cu_seqlens given on the device only (read back once, then checked like a host copy)."""
+    def mutate(a):
+        a["cu_seqlens_host"] = None
+        a["cu_seqlens"] = torch.tensor(values, dtype=torch.int32, device=a["q"].device)
+        return a
+    return mutate
+
+
+def _on_second_gpu(name):
+    def mutate(a):
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs a second GPU")
+        a[name] = a[name].to("cuda:1")
+        return a
+    return mutate
+
+
 BAD_GPU = [(m, e, s) for m, e, s in BAD] + [
+    (_set("q", lambda x: x.cpu()), ValueError, "q: got a tensor on cpu; need a CUDA tensor"),
+    (_on_second_gpu("k"), ValueError, "k: got an array on cuda:1 while q is on cuda:0; need one device"),
+    (_device_cu([1, 3, 3, 8]), ValueError, "cu_seqlens: got first entry 1; need 0"),
+    (_device_cu([0, 4, 3, 8]), ValueError, "cu_seqlens: got entries 4, 3 at 1, 2; need non-decreasing entries"),
+    (_device_cu([0, 3, 3, 7]), ValueError, "cu_seqlens: got last entry 7; need tokens = 8 (q.shape[0])"),
     (_set("cu_seqlens", lambda x: x.cpu()), ValueError, "cu_seqlens: got a tensor on cpu; need a CUDA tensor"),
     (_set("cu_seqlens_host", lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")), TypeError,
      "cu_seqlens_host: got a torch device array; need a host sequence of ints"),
@@ -600,6 +623,18 @@ def test_gpu_bad_arguments_raise_before_launch_and_leave_out_untouched(mutate, e
         h3kernels.minimax_h3_varlen_attention_fp8(**args)
     torch.cuda.synchronize()
     assert (args["out"] == 7.0).all() and h3kernels.workspace_bytes() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make_out,exc,msg", BAD_OUT, ids=[f"out-{i}" for i in range(len(BAD_OUT))])
+def test_gpu_bad_out_raises_before_launch(make_out, exc, msg):
+    args = _args("cuda")
+    args["out"] = make_out(args["q"]).fill_(7)
+    before = h3kernels.workspace_bytes()
+    with pytest.raises(exc, match="^" + re.escape(msg)):
+        h3kernels.minimax_h3_varlen_attention_fp8(**args)
+    torch.cuda.synchronize()
+    assert (args["out"] == 7).all() and h3kernels.workspace_bytes() == before
 
 
 @pytest.mark.gpu

@@ -1,0 +1,182 @@
+"""Extreme values, 32-bit index limits and concurrent callers, on the GPU (issue 5, items 1, 4 and 5).
+
+A non-finite input poisons only what the contract ties to it: for the MLP its own row; for the
+attention its own query row (a bad q) or its own segment and head (a bad k or v: the key mean and
+the V scales are per segment and head). Everything else must come out bitwise as in a clean run.
+"""
+import threading
+
+import pytest
+import torch
+
+import h3kernels
+from h3kernels import jit
+from h3kernels import reference as R
+from h3kernels.compare import rel_l2
+from h3kernels.shapes import HIDDEN
+from test_mlp_fp8 import check_all, make_inputs, run_op, weights, workspaces  # noqa: F401 (weights: fixture)
+from test_varlen_attention_fp8 import random_inputs
+
+BITS = torch.int16
+
+
+def same_bits(a, b):
+    return torch.equal(a.contiguous().view(BITS), b.contiguous().view(BITS))
+
+
+# --- MLP ----------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_mlp_extreme_rows(weights):
+    """Zero, near-bf16-max, tiny and subnormal rows are finite and exact; a NaN or an Inf in x, or
+    a NaN in a used gate row, poisons its own rows only."""
+    m, rows = 64, 8
+    inp = make_inputs(m, rows)
+    x = inp["x"]
+    x[2] = 0
+    x[3] = (torch.rand(HIDDEN, device="cuda") * 3.3e38).bfloat16()  # squares overflow FP32: r = 0
+    x[4] = (torch.randn(HIDDEN, device="cuda") * 1e-38).bfloat16()  # subnormal bf16 values
+    x[5] = (torch.randn(HIDDEN, device="cuda") * 1e-30).bfloat16()
+    inp["adaln_index"][2:6] = 0
+    clean_ws = workspaces(m)
+    clean = run_op(inp, weights, None, clean_ws)
+    torch.cuda.synchronize()
+    check_all(inp, weights, clean, clean_ws, "extreme rows", report_exact=False)
+    assert torch.isfinite(clean.float()).all()
+
+    bad = {k: v.clone() for k, v in inp.items()}
+    bad["x"][10, 17] = float("nan")
+    bad["x"][11, 4000] = float("inf")
+    bad["adaln_index"][12] = rows - 1
+    bad["gate"][rows - 1, 5] = float("nan")  # row 12 is the only one using table row rows-1
+    poisoned = {10, 11} | set((bad["adaln_index"] == rows - 1).nonzero().flatten().tolist())
+    bad_ws = workspaces(m)
+    got = run_op(bad, weights, None, bad_ws)
+    torch.cuda.synchronize()
+    keep = [r for r in range(m) if r not in poisoned]
+    assert same_bits(got[keep], clean[keep])
+    for name in ("workspace_a_q", "workspace_y", "workspace_y_q"):
+        ok = bad_ws[name].view(torch.uint8)[keep].equal(clean_ws[name].view(torch.uint8)[keep])
+        assert ok, name
+    assert not torch.isfinite(got[10].float()).all() and not torch.isfinite(got[11].float()).all()
+
+
+@pytest.mark.gpu
+def test_mlp_largest_m_is_the_limit(weights):
+    """M = 149796 keeps M * 14336 < 2**31 (tested to run in test_mlp_fp8.test_largest_m_once);
+    one more row is refused before anything runs (test_validation's m-too-large)."""
+    assert 149796 * 14336 < 2**31 <= 149797 * 14336
+
+
+# --- attention -----------------------------------------------------------------------------------------
+
+def attention(q, k, v, cu, out=None):
+    cu_dev = torch.tensor(cu, dtype=torch.int32, device=q.device)
+    res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu)
+    torch.cuda.synchronize()
+    return res
+
+
+@pytest.mark.gpu
+def test_attention_extreme_values():
+    """Constant K (k' = 0: uniform attention), zero V (out = 0), huge and tiny segments: finite and
+    within the usual bounds of the reference; a NaN in q, and an Inf in k, poison only their row,
+    and their segment and head."""
+    seqlens, heads = [200, 300, 150, 257, 90], 2
+    q, k, v, _, cu = random_inputs(seqlens, heads, seed=11, device="cuda")
+    seg = lambda i: slice(cu[i], cu[i + 1])
+    k[seg(0)] = (torch.randn(1, heads, 128, device="cuda") * 3).bfloat16()  # constant K
+    v[seg(1)] = 0  # zero V
+    q[seg(2)] = (q[seg(2)].float() * 1e30).bfloat16()  # huge q (S stays finite in FP32): P one-hot per row
+    q[seg(3)], k[seg(3)], v[seg(3)] = ((t[seg(3)].float() * 1e-30).bfloat16() for t in (q, k, v))  # tiny
+    clean = attention(q, k, v, cu)
+    assert torch.isfinite(clean.float()).all()
+    assert (clean[seg(1)].float() == 0).all()
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    assert same_bits(clean[seg(0)], clean[cu[0]].expand(seqlens[0], heads, 128))  # uniform: every row alike
+    for i in (0, 2, 3, 4):
+        assert rel_l2(clean[seg(i)], want[seg(i)]) < 0.03, i
+
+    bad_q, bad_k = q.clone(), k.clone()
+    tq = cu[4] + 7
+    bad_q[tq, 1, 3] = float("nan")
+    bad_k[cu[2] + 5, 0, 100] = float("inf")
+    got = attention(bad_q, bad_k, v, cu)
+    poisoned = torch.zeros(q.shape[:2], dtype=torch.bool, device="cuda")
+    poisoned[tq, 1] = True
+    poisoned[seg(2), 0] = True
+    assert same_bits(got[~poisoned], clean[~poisoned])
+    assert not torch.isfinite(got[tq, 1].float()).all() and not torch.isfinite(got[seg(2), 0].float()).all()
+
+
+@pytest.mark.gpu
+def test_attention_beyond_2_31_elements():
+    """tokens * heads * 128 > 2**31: the last segments, whose elements lie past 2**31, come out as
+    the reference's (every index in the kernels and passes is 64-bit from the token on)."""
+    heads, seg_len = 56, 128
+    tokens = (2**31 // (heads * 128 * seg_len) + 5) * seg_len  # the last three segments start past 2**31
+    free = torch.cuda.mem_get_info()[0]
+    if free < 8 * tokens * heads * 128 * 2:
+        pytest.skip("needs about 40 GB of free GPU memory")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(tokens, heads, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    cu = list(range(0, tokens + 1, seg_len))
+    out = attention(q, k, v, cu)
+    last = slice(tokens - 3 * seg_len, tokens)
+    assert (tokens - 3 * seg_len) * heads * 128 > 2**31
+    want = R.minimax_h3_varlen_attention_fp8(q[last], k[last], v[last], [0, seg_len, 2 * seg_len, 3 * seg_len])
+    assert torch.isfinite(out[last].float()).all()
+    assert rel_l2(out[last], want) < 0.03
+    first = slice(0, 2 * seg_len)
+    want0 = R.minimax_h3_varlen_attention_fp8(q[first], k[first], v[first], [0, seg_len, 2 * seg_len])
+    assert rel_l2(out[first], want0) < 0.03
+
+
+# --- concurrency ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_two_threads_on_two_streams_match_serial_calls(weights):
+    """Two threads, each on its own stream, call both operators at different sizes at once, with
+    the kernel caches emptied first so that both threads also compile and load at once."""
+    jobs = []
+    for i, (m, seqlens, heads) in enumerate([(200, [300, 0, 129], 8), (1000, [1024, 77], 4)]):
+        inp = make_inputs(m, 8)
+        att = random_inputs(seqlens, heads, seed=20 + i, device="cuda")
+        jobs.append((inp, att))
+    serial = []
+    for inp, (q, k, v, cu_dev, cu) in jobs:
+        serial.append((run_op(inp, weights, None, {}).clone(), attention(q, k, v, cu).clone()))
+    torch.cuda.synchronize()
+
+    with jit._lock:
+        jit._modules.clear()
+        jit._functions.clear()
+    results, errors = [None, None], []
+    barrier = threading.Barrier(2)
+
+    def work(i):
+        try:
+            inp, (q, k, v, cu_dev, cu) = jobs[i]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            barrier.wait()
+            with torch.cuda.stream(s):
+                got = []
+                for _ in range(3):
+                    mlp = run_op(inp, weights, None, {})
+                    att = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)
+                    got.append((mlp, att))
+            s.synchronize()
+            results[i] = got
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    for i, got in enumerate(results):
+        for mlp, att in got:
+            assert same_bits(mlp, serial[i][0]) and same_bits(att, serial[i][1]), i
