@@ -19,6 +19,24 @@ def make_row_inputs(m, rows=50, device="cpu", seed=0):
     return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
 
 
+def make_mlp_weights(m, rows, seed=2):
+    """On the GPU: gate [rows, 5376], residual [M, 5376], bf16 weights w1, w2 and their prepared
+    e4m3 forms (q1, s1, q2, s2)."""
+    import torch
+
+    import h3kernels
+    from .shapes import FC1_OUT, FFN
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device="cuda") * HIDDEN ** -0.5).bfloat16()
+    w2 = (torch.randn(HIDDEN, FFN, generator=g, device="cuda") * FFN ** -0.5).bfloat16()
+    gate = torch.randn(rows, HIDDEN, generator=g, device="cuda").bfloat16()
+    residual = torch.randn(m, HIDDEN, generator=g, device="cuda").bfloat16()
+    q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
+    q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
+    return gate, residual, w1, w2, q1, s1, q2, s2
+
+
 def run_cpu(args):
     import torch
 
@@ -145,13 +163,7 @@ def run_gpu_mlp(m, x, w, sc, sh, idx):
     from .timing import median_ms
     from .torch_mlp import mlp_bf16
 
-    g = torch.Generator(device="cuda").manual_seed(2)
-    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device="cuda") * HIDDEN ** -0.5).bfloat16()
-    w2 = (torch.randn(HIDDEN, FFN, generator=g, device="cuda") * FFN ** -0.5).bfloat16()
-    gate = torch.randn(sc.shape[0], HIDDEN, generator=g, device="cuda").bfloat16()
-    residual = torch.randn(m, HIDDEN, generator=g, device="cuda").bfloat16()
-    q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
-    q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
+    gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0])
     ws = dict(workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"),
               workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device="cuda"),
               workspace_y_scale=torch.empty(m, device="cuda"))

@@ -10,6 +10,7 @@ The sum of squares is FP32 in a fixed order that h3kernels.reference reproduces:
 adds the squares of quads t, t + T, t + 2T, ... (the four elements of a quad in order), then
 the T partials are halved pairwise down to 3, and the last three add as (p0 + p1) + p2.
 """
+import math
 import threading
 
 import numpy as np
@@ -118,7 +119,9 @@ def _build():
         # the remainder of the correction can be subnormal there. The choice is per row, so no warp
         # diverges on it.
         # One loop per case, so the hot one carries no per-quad branches.
-        if live and s_a >= float32(MIN_FAST_SCALE):
+        # An infinite scale (an Inf in the AdaLN tables) divides too: inv = 0 would give NaN codes
+        # where the contract's a / inf gives zeros.
+        if live and s_a >= float32(MIN_FAST_SCALE) and s_a < float32(math.inf):
             for j in range(QUADS_PER_THREAD):
                 w0, w1 = word(xq[j], 0), word(xq[j], 1)
                 q0, q1 = quotient(lo(w0), s_a, inv), quotient(hi(w0), s_a, inv)

@@ -261,6 +261,7 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
     import cupy
 
     from . import varlen_attention_fp8_quant as quant  # imports Numba: on first use only
+    from .varlen_attention_fp8_quant import key_blocks as key_blocks_of
 
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
@@ -268,10 +269,18 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
     with cupy.cuda.Device(call.device_id):
         f, max_ctas = _kernel(call.device_id)
     ws = _workspace(call.device_id, call.stream_ptr)
+    # Under CUDA graph capture, no event may join the graph from outside it: the stream's own
+    # order already serializes its calls (the event guards a stream handle that is reused).
+    capturing = cupy.cuda.runtime.streamIsCapturing(call.stream_ptr) != 0
     with ws.lock:
         with call.active():
-            if ws.event is not None:
+            if ws.event is not None and not capturing:
                 stream.wait_event(ws.event)
+            if capturing and ((cu_host, heads) not in ws.plans
+                              or ws.nbytes < layout(tokens, heads, segments, len(key_blocks_of(cu_host)))[1]):
+                raise RuntimeError("minimax_h3_varlen_attention_fp8: this stream is capturing a CUDA graph, and "
+                                   "the call would upload a new segment plan or grow the workspace; call it once "
+                                   "with the same cu_seqlens_host on this stream before the capture")
             tiles, block_offset, blocks = _device_plan(ws, call, cu_host, heads, stream)
             key_blocks = int(blocks.shape[0])
             parts, nbytes = layout(tokens, heads, segments, key_blocks)
@@ -292,7 +301,8 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
                ptr("k8"), ptr("s_k"), ptr("v8t"), ptr("s_v"), np.uint64(dispatch.data_ptr(out)), np.int32(heads),
                np.int64(key_blocks * K_BLOCK), np.float32(scale * LOG2E)),
               shared_mem=SMEM_BYTES, stream=stream)
-            ws.event.record(stream)
+            if not capturing:
+                ws.event.record(stream)
 
 
 def quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, base, owner, parts):

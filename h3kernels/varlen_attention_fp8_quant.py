@@ -21,6 +21,7 @@ read finite bytes that meet P = 0. Inside every 16-key group the keys are permut
 which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
 cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 """
+import math
 import threading
 
 import numpy as np
@@ -54,9 +55,9 @@ def _build():
     @device_function
     def quotient_or_div(a, s, inv):
         """RN(a / s), up to its e4m3 code, for bf16 a with |a| <= amax, s = RN(amax / 448) > 0 and
-        inv = RN(1 / s). Tiny scales divide (make_quotient's range); the branch is per row or
+        inv = RN(1 / s). Tiny and infinite scales divide (make_quotient's range); the branch is per row or
         channel, so a warp's Q row never diverges on it."""
-        if s < float32(MIN_FAST_SCALE):
+        if s < float32(MIN_FAST_SCALE) or s == float32(math.inf):  # inv = 0 would give NaN, not a / inf = 0
             return div_rn(a, s)
         return quotient(a, s, inv)
 

@@ -102,3 +102,33 @@ def test_v_layout_permutes_each_16_key_group_and_zero_pads():
                 assert np.array_equal(col, v8[first + perm[p]])
             else:
                 assert not col.any()
+
+
+def test_infinite_q_and_v_scales_divide():
+    """An Inf in a Q row or a V channel makes that scale inf; its codes are those of x / inf (zeros,
+    NaN for the Inf itself), as the reference's, not the NaNs that inv = 0 would give."""
+    if not SIM:
+        pytest.skip("the simulator runs when there is no GPU (the GPU twin is test_gpu_infinite_scales)")
+    check_infinite_scales()
+
+
+@pytest.mark.gpu
+def test_gpu_infinite_scales():
+    check_infinite_scales()
+
+
+def check_infinite_scales():
+    g = torch.Generator().manual_seed(9)
+    cu = [0, 5, 70]
+    q, k, v = (torch.randn(cu[-1], 1, 128, generator=g) for _ in range(3))
+    q[3, 0, 7] = float("inf")
+    v[40, 0, 100] = float("-inf")
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    out = run(q, k, v, cu)
+    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
+    nan_alike = lambda a: np.where((a & 0x7F) == 0x7F, 0x7F, a)
+    u8 = lambda t: t.view(torch.uint8).numpy()
+    assert np.isinf(out["s_q"][3, 0]) and np.isinf(out["s_v"][1, 0, 100])
+    assert np.array_equal(nan_alike(out["q8"]), nan_alike(u8(q8)))
+    assert np.array_equal(nan_alike(out["v8t"]), nan_alike(Q.v_transposed(u8(v8), cu)))
+    assert np.array_equal(out["k8"], u8(k8))

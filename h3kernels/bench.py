@@ -1,0 +1,114 @@
+"""`python -m h3kernels bench`: both operators timed beside torch's bf16 path and this GPU's e4m3
+mma.sync ceiling, measured in the same run; a table at the end, CSV or JSON on request.
+
+Times are CUDA-event medians of back-to-back calls (h3kernels.timing.median_ms_batched) after a
+warm-up. MLP peer: torch eager bf16 (h3kernels.torch_mlp.mlp_bf16). Attention peer: torch's
+scaled_dot_product_attention in bf16, one batched call for equal segment lengths, else one call
+per segment. bench/bench_mlp.py and bench/bench_attention.py time more peers (FP8 _scaled_mm,
+torch.compile, flash, cuDNN, varlen).
+"""
+import csv
+import json
+import sys
+import time
+
+
+def progress(i, n, what, t0):
+    bar = "#" * (20 * i // n)
+    sys.stderr.write(f"\r[{bar:<20}] {i}/{n} {what:<48} {time.time() - t0:6.1f} s")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+def mlp_case(m):
+    import torch
+
+    import h3kernels
+    from .demo import make_mlp_weights, make_row_inputs
+    from .shapes import mlp_flops
+    from .timing import median_ms_batched
+    from .torch_mlp import mlp_bf16
+
+    x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
+    gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0], seed=m)
+    out = torch.empty_like(residual)
+    ours = median_ms_batched(lambda: h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2,
+                                                                   out=out))
+    peer = median_ms_batched(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2))
+    return dict(op="mlp", case=f"M={m}", flops=mlp_flops(m), ours_ms=ours, peer="torch eager bf16", peer_ms=peer)
+
+
+def attention_case(seqlens, heads=56):
+    import torch
+    import torch.nn.functional as F
+
+    import h3kernels
+    from .shapes import attention_flops
+    from .timing import median_ms_batched
+
+    cu = [0]
+    for n in seqlens:
+        cu.append(cu[-1] + n)
+    g = torch.Generator(device="cuda").manual_seed(len(seqlens))
+    q, k, v = (torch.randn(cu[-1], heads, 128, generator=g, device="cuda").bfloat16() for _ in range(3))
+    cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
+                                                                                cu_seqlens_host=cu))
+    if len(set(seqlens)) == 1:
+        b, n = len(seqlens), seqlens[0]
+        qb, kb, vb = (t.view(b, n, heads, 128).transpose(1, 2) for t in (q, k, v))
+        sdpa = lambda: F.scaled_dot_product_attention(qb, kb, vb)
+    else:
+        def sdpa():
+            for a, e in zip(cu, cu[1:]):
+                if e > a:
+                    F.scaled_dot_product_attention(*(t[a:e].transpose(0, 1)[None] for t in (q, k, v)))
+    peer = median_ms_batched(sdpa)
+    name = "+".join(str(n) for n in seqlens) if len(set(seqlens)) > 1 else f"{len(seqlens)}x{seqlens[0]}"
+    return dict(op="attention", case=f"{name}, {heads} heads", flops=attention_flops(seqlens, heads), ours_ms=ours,
+                peer="torch SDPA bf16", peer_ms=peer)
+
+
+def run(args):
+    import torch
+
+    from . import mma_ceiling
+
+    dev = torch.cuda.current_device()
+    jobs = [("e4m3 mma.sync ceiling", None)]
+    jobs += [(f"mlp M={m}", lambda m=m: mlp_case(m)) for m in args.rows]
+    jobs += [(f"attention {s}", lambda s=s: attention_case([int(n) for n in s.split(",")])) for s in args.segments]
+    t0 = time.time()
+    rows, ceiling = [], None
+    for i, (what, fn) in enumerate(jobs):
+        progress(i, len(jobs), what, t0)
+        if fn is None:
+            form = mma_ceiling.supported_forms(dev)[-1]
+            ceiling = mma_ceiling.measure_tflops(dev, form)
+        else:
+            rows.append(fn())
+            torch.cuda.empty_cache()
+    progress(len(jobs), len(jobs), "done", t0)
+    for r in rows:
+        r["ours_tflops"] = r["flops"] / r["ours_ms"] / 1e9
+        r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
+        r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling
+        r["ceiling_tflops"] = ceiling
+    print(f"{torch.cuda.get_device_name(dev)}: e4m3 mma.sync ceiling {ceiling:.0f} TFLOP/s (measured now)")
+    print(f"{'operator':<10} {'case':<28} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} {'peer ms':>9} "
+          f"{'TFLOP/s':>8}")
+    for r in rows:
+        print(f"{r['op']:<10} {r['case']:<28} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {r['pct_ceiling']:6.1f}% "
+              f"{r['peer']:<18} {r['peer_ms']:9.3f} {r['peer_tflops']:8.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
+                           ceiling_tflops=ceiling, rows=rows), f, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0

@@ -1,0 +1,51 @@
+"""Both operators as torch.library custom ops, with fake (meta) implementations: torch.compile
+(fullgraph=True) traces a block that calls them without graph breaks, and CUDA graphs capture
+them (warm up once on the capturing stream first; the attention then needs cu_seqlens_host,
+since reading cu_seqlens back would sync).
+
+    from h3kernels import torch_ops
+    out = torch_ops.minimax_h3_mlp_fp8(x, ...)            # torch.ops.h3kernels.minimax_h3_mlp_fp8
+    o = torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, cu_seqlens_host)
+
+They are the functional forms of the public operators (torch tensors only; no `out` and no
+caller workspaces, so nothing an input shares is written). CuPy users call the operators in
+h3kernels directly.
+"""
+from typing import List, Optional
+
+import torch
+
+from .shapes import HIDDEN
+
+
+@torch.library.custom_op("h3kernels::minimax_h3_mlp_fp8", mutates_args=())
+def minimax_h3_mlp_fp8(x: torch.Tensor, x_norm_weight: torch.Tensor, adaln_scale: torch.Tensor,
+                       adaln_shift: torch.Tensor, adaln_index: torch.Tensor, gate: torch.Tensor,
+                       residual: torch.Tensor, fc1_weight_q: torch.Tensor, fc1_weight_scale: torch.Tensor,
+                       fc2_weight_q: torch.Tensor, fc2_weight_scale: torch.Tensor, eps: float = 1e-5,
+                       fp8_mma_form: int = -1) -> torch.Tensor:
+    from .mlp_fp8 import minimax_h3_mlp_fp8 as op
+
+    return op(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
+              fc1_weight_scale, fc2_weight_q, fc2_weight_scale, eps=eps, fp8_mma_form=fp8_mma_form)
+
+
+@minimax_h3_mlp_fp8.register_fake
+def _mlp_fake(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
+              fc1_weight_scale, fc2_weight_q, fc2_weight_scale, eps=1e-5, fp8_mma_form=-1):
+    torch._check(x.dim() == 2 and x.shape[1] == HIDDEN, lambda: f"x: got shape {tuple(x.shape)}; need (M, {HIDDEN})")
+    return x.new_empty((x.shape[0], HIDDEN), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("h3kernels::minimax_h3_varlen_attention_fp8", mutates_args=())
+def minimax_h3_varlen_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                                    cu_seqlens_host: Optional[List[int]] = None,
+                                    softmax_scale: Optional[float] = None) -> torch.Tensor:
+    from .varlen_attention_fp8 import minimax_h3_varlen_attention_fp8 as op
+
+    return op(q, k, v, cu_seqlens, cu_seqlens_host=cu_seqlens_host, softmax_scale=softmax_scale)
+
+
+@minimax_h3_varlen_attention_fp8.register_fake
+def _attention_fake(q, k, v, cu_seqlens, cu_seqlens_host=None, softmax_scale=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

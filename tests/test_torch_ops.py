@@ -1,0 +1,114 @@
+"""The torch.library custom ops (h3kernels.torch_ops): fake implementations (CPU), torch.compile
+with fullgraph=True and CUDA graph capture, both bitwise equal to eager (GPU)."""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from h3kernels import torch_ops
+from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+
+
+def mlp_args(m, rows, device):
+    g = torch.Generator().manual_seed(m)
+    rn = lambda *s: torch.randn(*s, generator=g).to(device)
+    wide = rn(rows, 6 * HIDDEN).bfloat16()
+    w1 = (rn(FC1_OUT, HIDDEN) * HIDDEN ** -0.5).bfloat16()
+    w2 = (rn(HIDDEN, FFN) * FFN ** -0.5).bfloat16()
+    if device == "meta":
+        q1, s1 = torch.empty(FC1_OUT, HIDDEN, dtype=torch.float8_e4m3fn, device=device), torch.empty(FC1_OUT, device=device)
+        q2, s2 = torch.empty(HIDDEN, FFN, dtype=torch.float8_e4m3fn, device=device), torch.empty(HIDDEN, device=device)
+    else:
+        import h3kernels
+
+        q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
+        q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
+    idx = torch.randint(-1, rows + 1, (m,), generator=g).to(device)
+    return (rn(m, HIDDEN).bfloat16(), (1 + 0.1 * rn(HIDDEN)).bfloat16(), wide[:, :HIDDEN], wide[:, HIDDEN:2 * HIDDEN],
+            idx, wide[:, 2 * HIDDEN:3 * HIDDEN], rn(m, HIDDEN).bfloat16(), q1, s1, q2, s2)
+
+
+def attention_args(lens, heads, device):
+    g = torch.Generator().manual_seed(sum(lens))
+    q, k, v = (torch.randn(sum(lens), heads, 128, generator=g).bfloat16().to(device) for _ in range(3))
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return q, k, v, torch.tensor(cu, dtype=torch.int32, device=device), cu
+
+
+def block(mlp_in, att_in):
+    """A toy H3-block step around both operators, with torch work before and after each; exact
+    work (scaling by powers of two), so that compiled and eager must agree bitwise."""
+    x, *rest = mlp_in
+    h = torch_ops.minimax_h3_mlp_fp8((x.float() * 0.5).bfloat16(), *rest)
+    q, k, v, cu_dev, cu = att_in
+    o = torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu)
+    return (h.float() * 4).bfloat16(), (o.float() * 2).bfloat16()
+
+
+def test_ops_are_registered_with_fake_implementations():
+    assert hasattr(torch.ops.h3kernels, "minimax_h3_mlp_fp8")
+    assert hasattr(torch.ops.h3kernels, "minimax_h3_varlen_attention_fp8")
+    mlp_in = mlp_args(5, 3, "meta")
+    att_in = attention_args([7, 0, 9], 2, "meta")
+    graph = make_fx(block, tracing_mode="fake")(mlp_in, att_in)
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "h3kernels.minimax_h3_mlp_fp8.default" in ops
+    assert "h3kernels.minimax_h3_varlen_attention_fp8.default" in ops
+    h, o = torch.ops.h3kernels.minimax_h3_mlp_fp8(*mlp_in), torch.ops.h3kernels.minimax_h3_varlen_attention_fp8(
+        *att_in[:4], att_in[4])
+    assert h.shape == (5, HIDDEN) and h.dtype == torch.bfloat16
+    assert o.shape == (16, 2, 128) and o.dtype == torch.bfloat16
+
+
+def bits_equal(a, b):
+    return torch.equal(a.contiguous().view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                       b.contiguous().view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_matches_eager():
+    mlp_in = mlp_args(300, 8, "cuda")
+    att_in = attention_args([300, 0, 129, 700], 8, "cuda")
+    want = block(mlp_in, att_in)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    got = compiled(mlp_in, att_in)
+    torch.cuda.synchronize()
+    assert bits_equal(got[0], want[0]) and bits_equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_matches_eager():
+    mlp_in = mlp_args(129, 8, "cuda")
+    att_in = attention_args([1, 127, 129, 0, 300], 8, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on the capturing stream: plan upload, workspace, modules
+        want = block(mlp_in, att_in)
+    s.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        static = block(mlp_in, att_in)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert bits_equal(static[0], want[0]) and bits_equal(static[1], want[1])
+    # new inputs copied into the captured ones: the replay follows them
+    mlp_in[0].copy_(torch.randn_like(mlp_in[0].float()).bfloat16())
+    att_in[0].copy_(torch.randn_like(att_in[0].float()).bfloat16())
+    want2 = block(mlp_in, att_in)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert bits_equal(static[0], want2[0]) and bits_equal(static[1], want2[1])
+    assert not bits_equal(want2[1], want[1])
+
+
+@pytest.mark.gpu
+def test_capture_without_warm_up_is_refused_clearly():
+    att_in = attention_args([333, 5], 2, "cuda")
+    s = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="call it once with the same cu_seqlens_host on this stream"):
+        with torch.cuda.graph(graph, stream=s):
+            torch_ops.minimax_h3_varlen_attention_fp8(*att_in[:4], att_in[4])
