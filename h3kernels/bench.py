@@ -96,6 +96,9 @@ def run(args):
         r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
         r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling
         r["ceiling_tflops"] = ceiling
+    if not rows:
+        print("nothing to time: give --rows and/or --segments")
+        return 1
     print(f"{torch.cuda.get_device_name(dev)}: e4m3 mma.sync ceiling {ceiling:.0f} TFLOP/s (measured now)")
     print(f"{'operator':<10} {'case':<28} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} {'peer ms':>9} "
           f"{'TFLOP/s':>8}")
@@ -106,7 +109,7 @@ def run(args):
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
                            ceiling_tflops=ceiling, rows=rows), f, indent=1)
-    if args.csv:
+    if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

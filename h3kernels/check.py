@@ -22,6 +22,7 @@ def run_gpu():
     results = []
     for m in MLP_ROWS:
         x, w, sc, sh, idx = make_row_inputs(m, rows=8, device="cuda", seed=m)
+        idx[0] = 3  # make_row_inputs guards every 7th row, row 0 included: M = 1 must reach the GEMMs
         a_q, a_s = minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
         rq, rs = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
         row_ok = torch.equal(a_q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(
@@ -68,10 +69,14 @@ def run_simulator():
     Q.launch(bits(q), bits(k), bits(v), np.array(cu, np.int64), blocks, plan_host(cu, heads)[1], **out)
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
     u8 = lambda t: t.view(torch.uint8).numpy()
+    s_k_ok = all(np.array_equal(np.broadcast_to(out["s_k"][b], (count, heads)), s_k[first:first + count].numpy())
+                 for b, (_, first, count) in enumerate(blocks))
+    s_v_ok = all(np.array_equal(out["s_v"][seg], s_v[a].numpy()) for seg, a in enumerate(cu[:-1]) if cu[seg + 1] > a)
     quant_ok = (np.array_equal(out["q8"], u8(q8)) and np.array_equal(out["k8"], u8(k8))
-                and np.array_equal(out["v8t"], Q.v_transposed(u8(v8), cu)))
+                and np.array_equal(out["v8t"], Q.v_transposed(u8(v8), cu))
+                and np.array_equal(out["s_q"], s_q.numpy()) and s_k_ok and s_v_ok)
     return [(f"MLP row kernel (simulator) M={m}: a_q, a_scale bitwise", row_ok),
-            (f"attention quantization passes (simulator), segments {np.diff(cu).tolist()}: q8, k8, v8 bitwise",
+            (f"attention quantization passes (simulator), segments {np.diff(cu).tolist()}: codes and scales bitwise",
              quant_ok)]
 
 

@@ -1,7 +1,9 @@
 """Both operators as torch.library custom ops, with fake (meta) implementations: torch.compile
 (fullgraph=True) traces a block that calls them without graph breaks, and CUDA graphs capture
-them (warm up once on the capturing stream first; the attention then needs cu_seqlens_host,
-since reading cu_seqlens back would sync).
+them: warm up once on the capturing stream first, and give the attention cu_seqlens_host
+(reading cu_seqlens back would sync). A captured attention keeps using the quantized-operand
+workspace of the stream it was captured on (kept alive for it): replay such graphs one after
+another, not concurrently with each other or with eager attention calls on that stream.
 
     from h3kernels import torch_ops
     out = torch_ops.minimax_h3_mlp_fp8(x, ...)            # torch.ops.h3kernels.minimax_h3_mlp_fp8

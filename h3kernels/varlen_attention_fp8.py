@@ -103,6 +103,11 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
     name = "cu_seqlens_host"
     if cu_seqlens_host is None:
         name = "cu_seqlens"
+        import cupy
+
+        if cupy.cuda.runtime.streamIsCapturing(call.stream_ptr):
+            raise RuntimeError("minimax_h3_varlen_attention_fp8: cu_seqlens_host is needed while a CUDA graph is "
+                               "being captured (reading cu_seqlens back would synchronize)")
         if call.kind == "torch":
             cu_seqlens_host = cu_seqlens.cpu().tolist()  # on torch's current stream, which is ours
         else:
@@ -132,7 +137,9 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
 # --- workspace ---------------------------------------------------------------------------
 
 class _Workspace:
-    """One stream's buffers: `mem` (CuPy memory, grow-only), its uploaded plans, its last-use event."""
+    """One stream's buffers: `mem` (CuPy memory, grow-only), its uploaded plans, its last-use event,
+    and `captured`: the buffers a CUDA graph captured on this stream points at, kept alive for the
+    life of the process so that a later growth or plan eviction cannot hand them to someone else."""
 
     def __init__(self):
         self.mem = None
@@ -140,6 +147,7 @@ class _Workspace:
         self.plans = collections.OrderedDict()
         self.event = None
         self.lock = threading.Lock()
+        self.captured = []
 
 
 _lock = threading.Lock()
@@ -288,6 +296,8 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
                 ws.mem, ws.nbytes = None, 0  # back to the pool (this stream's) before the bigger one is taken
                 ws.mem, ws.nbytes = cupy.cuda.alloc(nbytes), nbytes
             mem = ws.mem
+            if capturing:
+                ws.captured.append((mem, tiles, block_offset, blocks))
             if ws.event is None:
                 ws.event = cupy.cuda.Event(block=False, disable_timing=True)
         with call.numba_device():

@@ -73,7 +73,7 @@ def nonfinite_rows(device="cpu"):
     """Rows with a NaN, an Inf (sum of squares inf: r = 0, inf * 0 = NaN), and a NaN in the shift
     table row they use: their amax and scale are NaN (codes 0, as the reference's); a row using an
     Inf in the shift table: scale inf, codes of a / inf (zeros, NaN for the Inf); row 0 is clean."""
-    x, w, sc, sh, idx = make_row_inputs(5, 3, device=device, seed=torch.seed() % 2**31)
+    x, w, sc, sh, idx = make_row_inputs(5, 3, device=device, seed=12)
     idx[:] = torch.tensor([0, 0, 0, 2, 1])
     x[1, 17] = float("nan")
     x[2, 4000] = float("inf")

@@ -11,6 +11,7 @@ import torch
 import h3kernels
 from h3kernels import jit
 from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, MAX_M
+from test_mlp_fp8 import weights  # noqa: F401 (the module-scoped fixture of prepared weights)
 
 M, ROWS = 64, 8
 E4M3 = torch.float8_e4m3fn
@@ -187,12 +188,18 @@ def test_mlp_bad_call_raises_before_launch_and_writes_nothing(mutate, exc, msg):
 
 
 @pytest.mark.gpu
-def test_gate_keeps_its_own_row_stride():
+def test_gate_keeps_its_own_row_stride(weights):
     """gate reaches the FC2 epilogue with its own row pitch, so it may differ from the AdaLN
-    tables' (scale and shift share one pitch in the row kernel, and must match)."""
-    a, kw = base_args()
-    kw = {k: v for k, v in kw.items() if k != "out"}
-    want = h3kernels.minimax_h3_mlp_fp8(*a.values(), **kw).clone()
-    a["gate"] = a["gate"].contiguous()
-    got = h3kernels.minimax_h3_mlp_fp8(*a.values(), **kw)
+    tables' (scale and shift share one pitch in the row kernel, and must match). Real weights, so
+    that out - residual depends on gate."""
+    a, _ = base_args()
+    for name, key in (("fc1_weight_q", "q1"), ("fc1_weight_scale", "s1"), ("fc2_weight_q", "q2"),
+                      ("fc2_weight_scale", "s2")):
+        a[name] = weights[key]
+    want = h3kernels.minimax_h3_mlp_fp8(*a.values()).clone()
+    assert not torch.equal(want, a["residual"])  # the gate term is there to be read
+    a["gate"] = a["gate"].contiguous()  # row pitch 5376 instead of the chunk's 32256
+    got = h3kernels.minimax_h3_mlp_fp8(*a.values())
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    a["gate"] = torch.zeros_like(a["gate"])
+    assert torch.equal(h3kernels.minimax_h3_mlp_fp8(*a.values()).view(torch.int16), a["residual"].view(torch.int16))

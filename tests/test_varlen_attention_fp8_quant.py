@@ -62,7 +62,6 @@ def compare(q, k, v, cu):
     heads = q.shape[1]
     out = run(q, k, v, cu)
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
-    u8 = lambda t: t.view(torch.uint8).numpy()
     assert np.array_equal(out["q8"], u8(q8)) and np.array_equal(out["s_q"], s_q.numpy())
     assert np.array_equal(out["k8"], u8(k8))
     assert np.array_equal(out["v8t"], Q.v_transposed(u8(v8), cu))  # padding columns included: zeros
@@ -117,18 +116,56 @@ def test_gpu_infinite_scales():
     check_infinite_scales()
 
 
-def check_infinite_scales():
-    g = torch.Generator().manual_seed(9)
+def passes_and_reference(heads, seed, edit):
+    """The passes and the reference on two segments [5, 65] of random q, k, v (float32, before
+    `edit(q, k, v)` and the bf16 rounding)."""
+    g = torch.Generator().manual_seed(seed)
     cu = [0, 5, 70]
-    q, k, v = (torch.randn(cu[-1], 1, 128, generator=g) for _ in range(3))
-    q[3, 0, 7] = float("inf")
-    v[40, 0, 100] = float("-inf")
+    q, k, v = (torch.randn(cu[-1], heads, 128, generator=g) for _ in range(3))
+    edit(q, k, v)
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    out = run(q, k, v, cu)
-    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
+    return cu, run(q, k, v, cu), R.quantize_attention_inputs(q, k, v, cu)
+
+
+def u8(t):
+    return t.view(torch.uint8).numpy()
+
+
+def check_infinite_scales():
+    def edit(q, k, v):
+        q[3, 0, 7] = float("inf")
+        v[40, 0, 100] = float("-inf")
+
+    cu, out, (q8, s_q, k8, s_k, v8, s_v) = passes_and_reference(1, 9, edit)
     nan_alike = lambda a: np.where((a & 0x7F) == 0x7F, 0x7F, a)
-    u8 = lambda t: t.view(torch.uint8).numpy()
     assert np.isinf(out["s_q"][3, 0]) and np.isinf(out["s_v"][1, 0, 100])
     assert np.array_equal(nan_alike(out["q8"]), nan_alike(u8(q8)))
     assert np.array_equal(nan_alike(out["v8t"]), nan_alike(Q.v_transposed(u8(v8), cu)))
     assert np.array_equal(out["k8"], u8(k8))
+
+def test_nan_scales_give_zero_codes():
+    """A NaN in a Q row, a K element or a V channel makes that row's s_q, the segment and head's
+    s_k and that channel's s_v NaN (amaxes keep NaN, as the reference's torch amax), with zero
+    codes; the Python or PTX max would drop the NaN and quantize against the other values."""
+    if not SIM:
+        pytest.skip("the simulator runs when there is no GPU (the GPU twin is test_gpu_nan_scales)")
+    check_nan_scales()
+
+
+@pytest.mark.gpu
+def test_gpu_nan_scales():
+    check_nan_scales()
+
+
+def check_nan_scales():
+    def edit(q, k, v):
+        q[3, 1, 7] = float("nan")
+        k[40, 0, 100] = float("nan")
+        v[20, 1, 9] = float("nan")
+
+    cu, out, (q8, s_q, k8, s_k, v8, s_v) = passes_and_reference(2, 10, edit)
+    assert np.isnan(out["s_q"][3, 1]) and np.isnan(out["s_k"][1:, 0]).all() and np.isnan(out["s_v"][1, 1, 9])
+    assert np.array_equal(np.isnan(out["s_q"]), s_q.isnan().numpy())
+    assert np.array_equal(out["q8"], u8(q8)) and np.array_equal(out["k8"], u8(k8))
+    assert np.array_equal(out["v8t"], Q.v_transposed(u8(v8), cu))
+    assert (out["q8"][3, 1] == 0).all() and (out["k8"][5:, 0] == 0).all()
