@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from h3kernels.compare import rel_l2
-from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops
+from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops, cu_seqlens_of
 from h3kernels.timing import median_ms, median_ms_batched
 
 from bench_common import ceiling_tflops, elapsed, log, short
@@ -85,9 +85,7 @@ def wait_event(ev, timeout_s):
 # --- inputs ----------------------------------------------------------------------------------
 
 def make_set(lens, heads, seed, dev):
-    cu_host = [0]
-    for n in lens:
-        cu_host.append(cu_host[-1] + n)
+    cu_host = cu_seqlens_of(lens)
     tokens = cu_host[-1]
     g = torch.Generator(device=dev).manual_seed(seed)
     q, k, v = (torch.randn(tokens, heads, HEAD_DIM, generator=g, device=dev, dtype=BF) for _ in range(3))

@@ -10,6 +10,7 @@ import cupy
 import torch
 
 import h3kernels
+from h3kernels.demo import make_attention_inputs
 from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
 
 
@@ -29,13 +30,7 @@ def mlp(m):
 
 
 def attention(lens, heads):
-    tokens = sum(lens)
-    g = torch.Generator(device="cuda").manual_seed(tokens)
-    q, k, v = (torch.randn(tokens, heads, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
-    cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, seed=sum(lens))
     out = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()

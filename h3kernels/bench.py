@@ -41,31 +41,18 @@ def mlp_case(m):
 
 def attention_case(seqlens, heads=56):
     import torch
-    import torch.nn.functional as F
 
     import h3kernels
+    from .demo import make_attention_inputs
     from .shapes import attention_flops
     from .timing import median_ms_batched
+    from .torch_attention import sdpa_bf16
 
-    cu = [0]
-    for n in seqlens:
-        cu.append(cu[-1] + n)
-    g = torch.Generator(device="cuda").manual_seed(len(seqlens))
-    q, k, v = (torch.randn(cu[-1], heads, 128, generator=g, device="cuda").bfloat16() for _ in range(3))
-    cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, seed=len(seqlens))
     out = torch.empty_like(q)
     ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
                                                                                 cu_seqlens_host=cu))
-    if len(set(seqlens)) == 1:
-        b, n = len(seqlens), seqlens[0]
-        qb, kb, vb = (t.view(b, n, heads, 128).transpose(1, 2) for t in (q, k, v))
-        sdpa = lambda: F.scaled_dot_product_attention(qb, kb, vb)
-    else:
-        def sdpa():
-            for a, e in zip(cu, cu[1:]):
-                if e > a:
-                    F.scaled_dot_product_attention(*(t[a:e].transpose(0, 1)[None] for t in (q, k, v)))
-    peer = median_ms_batched(sdpa)
+    peer = median_ms_batched(lambda: sdpa_bf16(q, k, v, cu))
     name = "+".join(str(n) for n in seqlens) if len(set(seqlens)) > 1 else f"{len(seqlens)}x{seqlens[0]}"
     return dict(op="attention", case=f"{name}, {heads} heads", flops=attention_flops(seqlens, heads), ours_ms=ours,
                 peer="torch SDPA bf16", peer_ms=peer)

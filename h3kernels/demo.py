@@ -19,6 +19,19 @@ def make_row_inputs(m, rows=50, device="cpu", seed=0):
     return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
 
 
+def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3):
+    """Random bf16 q, k, v [tokens, heads, 128] packed from segments of the given lengths, and
+    cu_seqlens as an int32 tensor on `device` and as a host list."""
+    import torch
+
+    from .shapes import HEAD_DIM, cu_seqlens_of
+
+    cu_host = cu_seqlens_of(seqlens)
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(cu_host[-1], heads, HEAD_DIM, generator=g, device=device).bfloat16() for _ in range(3))
+    return q, k, v, torch.tensor(cu_host, dtype=torch.int32, device=device), cu_host
+
+
 def make_mlp_weights(m, rows, seed=2):
     """On the GPU: gate [rows, 5376], residual [M, 5376], bf16 weights w1, w2 and their prepared
     e4m3 forms (q1, s1, q2, s2)."""
@@ -114,33 +127,21 @@ def run_gpu(args):
 
 def run_gpu_attention(seqlens, heads=56):
     """The attention at MiniMax-H3 head count against the reference, and beside torch's bf16 SDPA
-    (per segment), which also stands in for the unquantized result."""
+    (torch_attention.sdpa_bf16), which also stands in for the unquantized result."""
     import torch
-    import torch.nn.functional as F
 
     import h3kernels
     from . import reference as R
     from .shapes import attention_flops
     from .timing import median_ms
+    from .torch_attention import sdpa_bf16
 
-    cu_host = [0]
-    for n in seqlens:
-        cu_host.append(cu_host[-1] + n)
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(cu_host[-1], heads, 128, generator=g, device="cuda").bfloat16() for _ in range(3))
-    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    q, k, v, cu, cu_host = make_attention_inputs(seqlens, heads)
     run = lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu, cu_seqlens_host=cu_host)
     out = run()
     want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
 
-    def sdpa():  # one call per segment on [1, heads, L, 128]: 3-D inputs take the slow math path
-        res = torch.empty_like(q)
-        for a, b in zip(cu_host, cu_host[1:]):
-            if b > a:
-                qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-                res[a:b] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
-        return res
-
+    sdpa = lambda: sdpa_bf16(q, k, v, cu_host)
     bf16_ref = sdpa()
     ours, theirs = median_ms(run, reps=10), median_ms(sdpa, reps=10)
     flops = attention_flops(seqlens, heads)
@@ -148,8 +149,7 @@ def run_gpu_attention(seqlens, heads=56):
     print(f"attention (minimax_h3_varlen_attention_fp8), segments {list(seqlens)}, {heads} heads:")
     print(f"  rel L2 vs reference {err_ref:.4f} (online softmax: P rounds against running maxima, about 0.025 on long "
           f"segments); vs torch bf16 SDPA {err_sdpa:.4f} (the reference's own: {ref_sdpa:.4f})")
-    print(f"  h3kernels {ours:.3f} ms = {flops / ours / 1e9:.0f} TFLOP/s; torch bf16 SDPA {theirs:.3f} ms (one call per "
-          "segment)\n")
+    print(f"  h3kernels {ours:.3f} ms = {flops / ours / 1e9:.0f} TFLOP/s; torch bf16 SDPA {theirs:.3f} ms\n")
     return bool(torch.isfinite(out.float()).all()) and err_ref <= 0.03 and err_sdpa <= 1.1 * ref_sdpa
 
 

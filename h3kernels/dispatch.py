@@ -94,6 +94,12 @@ class Call:
             with _cupy().cuda.Device(self.device_id):
                 self.stream_ptr = _cupy().cuda.get_current_stream().ptr
 
+    @functools.cached_property
+    def capturing(self):
+        """Whether the call's stream is capturing a CUDA graph: then nothing may synchronize,
+        allocate outside the graph's pool, or upload from pageable host memory."""
+        return _cupy().cuda.runtime.streamIsCapturing(self.stream_ptr) != 0
+
     @contextlib.contextmanager
     def active(self):
         """Makes this call's device and stream CuPy's current ones (allocations are stream-ordered)."""

@@ -121,8 +121,8 @@ def max_nan(a, b):
     return a if a >= b else b
 
 
-host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32, bf16x2_from_f32=bf16x2_from_f32,
-                       f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
+host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
+                       bf16x2_from_f32=bf16x2_from_f32, f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
                        div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
 
@@ -141,14 +141,24 @@ def device_function(fn):
     return fn if config.ENABLE_CUDASIM else cuda.jit(device=True)(fn)
 
 
-def make_quotient(fma_rn):
-    """A Numba device function quotient(a, s, inv), given inv = RN(1 / s), whose e4m3 code is that
-    of RN(a / s), without a division: a * inv is within about an ulp, and one correction by the
-    exact remainder (two FMAs, Markstein) rounds it. Checked code by code for every bf16 a with
-    |a| <= amax and every bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE:
-    tests/test_fp8_bits.py (a sample) and tests/quotient_sweep.py (all 1.04e9 pairs). So only
-    quantizers of bf16 values by their own amax may use it. An exact product keeps its own sign: the correction would turn a = -0 into +0."""
+def make_quotient(fma_rn, div_rn):
+    """Numba device functions (quotient, quotient_or_div, in_range) for e4m3(RN(a / s)).
+
+    quotient(a, s, inv), given inv = RN(1 / s), has the e4m3 code of RN(a / s) without a
+    division: a * inv is within about an ulp, and one correction by the exact remainder (two
+    FMAs, Markstein) rounds it. Checked code by code for every bf16 a with |a| <= amax and every
+    bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE: tests/test_fp8_bits.py (a sample) and
+    tests/quotient_sweep.py (all 1.04e9 pairs). So only quantizers of bf16 values by their own
+    amax may use it, and only where in_range(s): below MIN_FAST_SCALE the remainder can be
+    subnormal, and an infinite s (an Inf among the values) has inv = 0, which turns a / inf = 0
+    into NaN. An exact product keeps its own sign: the correction would turn a = -0 into +0.
+    quotient_or_div(a, s, inv) divides outside that range; kernels whose scale is fixed for a
+    whole loop test in_range once and call quotient in the loop."""
     from numba import float32
+
+    @device_function
+    def in_range(s):
+        return s >= float32(MIN_FAST_SCALE) and s < float32(math.inf)
 
     @device_function
     def quotient(a, s, inv):
@@ -158,7 +168,13 @@ def make_quotient(fma_rn):
             return q
         return fma_rn(r, inv, q)
 
-    return quotient
+    @device_function
+    def quotient_or_div(a, s, inv):
+        if in_range(s):
+            return quotient(a, s, inv)
+        return div_rn(a, s)
+
+    return quotient, quotient_or_div, in_range
 
 
 def primitives():

@@ -10,13 +10,11 @@ The sum of squares is FP32 in a fixed order that h3kernels.reference reproduces:
 adds the squares of quads t, t + T, t + 2T, ... (the four elements of a quad in order), then
 the T partials are halved pairwise down to 3, and the last three add as (p0 + p1) + p2.
 """
-import math
 import threading
 
 import numpy as np
 from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
-from .fp8_bits import MIN_FAST_SCALE
 from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
 
 QUADS = HIDDEN // 4
@@ -37,7 +35,7 @@ def _build():
     # bf16 pairs in 32-bit words: one shift or mask per element to unpack, one cvt per pair to pack
     bf16x2, lo, hi = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi
 
-    quotient = make_quotient(fma_rn)  # RN(a / s) by two FMAs (fp8_bits.make_quotient)
+    quotient, _, in_quotient_range = make_quotient(fma_rn, div_rn)  # RN(a / s) by two FMAs
 
     @device_function
     def word(quad, h):
@@ -115,13 +113,10 @@ def _build():
         inv = float32(0.0)
         if live:
             inv = div_rn(float32(1.0), s_a)
-        # Rows this small (amax < 4.5e-28; 1/s_a even overflows below 2**-126) divide every element:
-        # the remainder of the correction can be subnormal there. The choice is per row, so no warp
-        # diverges on it.
-        # One loop per case, so the hot one carries no per-quad branches.
-        # An infinite scale (an Inf in the AdaLN tables) divides too: inv = 0 would give NaN codes
-        # where the contract's a / inf gives zeros.
-        if live and s_a >= float32(MIN_FAST_SCALE) and s_a < float32(math.inf):
+        # Rows outside the quotient's range (tiny, or an Inf in the AdaLN tables) divide every
+        # element. The choice is per row, so no warp diverges on it, and there is one loop per
+        # case, so the hot one carries no per-quad branches.
+        if live and in_quotient_range(s_a):
             for j in range(QUADS_PER_THREAD):
                 w0, w1 = word(xq[j], 0), word(xq[j], 1)
                 q0, q1 = quotient(lo(w0), s_a, inv), quotient(hi(w0), s_a, inv)

@@ -1,4 +1,6 @@
 """MiniMax-H3 sizes and the FC1 prepacked row order, shared by the kernels, the reference and the tests."""
+import itertools
+
 import numpy as np
 
 HIDDEN = 5376
@@ -41,6 +43,11 @@ def fc2_flag_count(m):
 
 def mlp_flops(m):
     return 2 * m * HIDDEN * FC1_OUT + 2 * m * FFN * HIDDEN
+
+
+def cu_seqlens_of(seqlens):
+    """Segment lengths -> the host cu_seqlens list [0, L0, L0 + L1, ...]."""
+    return [0, *itertools.accumulate(int(n) for n in seqlens)]
 
 
 def attention_flops(seqlens, heads):

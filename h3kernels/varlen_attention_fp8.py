@@ -103,9 +103,7 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
     name = "cu_seqlens_host"
     if cu_seqlens_host is None:
         name = "cu_seqlens"
-        import cupy
-
-        if cupy.cuda.runtime.streamIsCapturing(call.stream_ptr):
+        if call.capturing:
             raise RuntimeError("minimax_h3_varlen_attention_fp8: cu_seqlens_host is needed while a CUDA graph is "
                                "being captured (reading cu_seqlens back would synchronize)")
         if call.kind == "torch":
@@ -147,7 +145,7 @@ class _Workspace:
         self.plans = collections.OrderedDict()
         self.event = None
         self.lock = threading.Lock()
-        self.captured = []
+        self.captured = {}
 
 
 _lock = threading.Lock()
@@ -216,6 +214,8 @@ def _device_plan(ws, call, cu_host, heads, stream):
     if hit is not None:
         ws.plans.move_to_end(key)
         return hit
+    if call.capturing:
+        raise _capture_error("upload a new segment plan")
     from .varlen_attention_fp8_quant import key_blocks
 
     tiles, block_offset = plan.plan_host(cu_host, heads)
@@ -269,7 +269,6 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
     import cupy
 
     from . import varlen_attention_fp8_quant as quant  # imports Numba: on first use only
-    from .varlen_attention_fp8_quant import key_blocks as key_blocks_of
 
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
@@ -279,25 +278,22 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
     ws = _workspace(call.device_id, call.stream_ptr)
     # Under CUDA graph capture, no event may join the graph from outside it: the stream's own
     # order already serializes its calls (the event guards a stream handle that is reused).
-    capturing = cupy.cuda.runtime.streamIsCapturing(call.stream_ptr) != 0
+    capturing = call.capturing
     with ws.lock:
         with call.active():
             if ws.event is not None and not capturing:
                 stream.wait_event(ws.event)
-            if capturing and ((cu_host, heads) not in ws.plans
-                              or ws.nbytes < layout(tokens, heads, segments, len(key_blocks_of(cu_host)))[1]):
-                raise RuntimeError("minimax_h3_varlen_attention_fp8: this stream is capturing a CUDA graph, and "
-                                   "the call would upload a new segment plan or grow the workspace; call it once "
-                                   "with the same cu_seqlens_host on this stream before the capture")
             tiles, block_offset, blocks = _device_plan(ws, call, cu_host, heads, stream)
             key_blocks = int(blocks.shape[0])
             parts, nbytes = layout(tokens, heads, segments, key_blocks)
             if ws.nbytes < nbytes:
+                if capturing:
+                    raise _capture_error("grow the workspace")
                 ws.mem, ws.nbytes = None, 0  # back to the pool (this stream's) before the bigger one is taken
                 ws.mem, ws.nbytes = cupy.cuda.alloc(nbytes), nbytes
             mem = ws.mem
-            if capturing:
-                ws.captured.append((mem, tiles, block_offset, blocks))
+            if capturing:  # one entry per buffer set, however many captures use it
+                ws.captured[(mem.ptr, tiles.data.ptr)] = (mem, tiles, block_offset, blocks)
             if ws.event is None:
                 ws.event = cupy.cuda.Event(block=False, disable_timing=True)
         with call.numba_device():
@@ -313,6 +309,12 @@ def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
               shared_mem=SMEM_BYTES, stream=stream)
             if not capturing:
                 ws.event.record(stream)
+
+
+def _capture_error(what):
+    return RuntimeError(f"minimax_h3_varlen_attention_fp8: this stream is capturing a CUDA graph, and the call "
+                        f"would {what}; call it once with the same cu_seqlens_host on this stream before the "
+                        "capture")
 
 
 def quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, base, owner, parts):

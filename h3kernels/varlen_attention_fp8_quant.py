@@ -21,7 +21,6 @@ read finite bytes that meet P = 0. Inside every 16-key group the keys are permut
 which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
 cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 """
-import math
 import threading
 
 import numpy as np
@@ -44,22 +43,15 @@ _kernels = None
 
 
 def _build():
-    from .fp8_bits import MIN_FAST_SCALE, device_function, make_quotient, primitives
+    from .fp8_bits import device_function, make_quotient, primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
-    quotient = make_quotient(p.fma_rn)  # Q and V divide bf16 values by their own amax / 448
-
-    @device_function
-    def quotient_or_div(a, s, inv):
-        """RN(a / s), up to its e4m3 code, for bf16 a with |a| <= amax, s = RN(amax / 448) > 0 and
-        inv = RN(1 / s). Tiny and infinite scales divide (make_quotient's range); the branch is per row or
-        channel, so a warp's Q row never diverges on it."""
-        if s < float32(MIN_FAST_SCALE) or s == float32(math.inf):  # inv = 0 would give NaN, not a / inf = 0
-            return div_rn(a, s)
-        return quotient(a, s, inv)
+    # Q and V divide bf16 values by their own amax / 448; the scale varies per row or channel, so
+    # the range test goes with every quotient (a per-row or per-channel branch: no divergence)
+    _, quotient_or_div, _ = make_quotient(p.fma_rn, div_rn)
 
     @cuda.jit
     def q_kernel(q, q8, s_q, rows):
@@ -188,6 +180,27 @@ def _build():
         mu[seg, h, c] = mean
         s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
 
+    @device_function
+    def block_coords(blocks, heads, t, bid):
+        """Where thread t of K/V quantizer CTA bid works: (warp w, head, key block, keys in the
+        block, the quad stride between w's keys w, w + 4, ..., the quad of its lane's four channels
+        at key w, and the index of those channels in a [segments, heads, 128] array)."""
+        lane, w = t % uint64(32), t // uint64(32)
+        h, blk = bid % heads, bid // heads
+        seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
+        at = ((first + w) * heads + h) * uint64(32) + lane
+        channels = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+        return w, h, blk, count, heads * uint64(32 * KV_WARPS), at, channels
+
+    @device_function
+    def load_keys(src, quads, at, step, w, count):
+        """quads[i] = the lane's bf16 quad of key w + 4i of the block (0 past its end): all loads
+        issued before any is used, and held in registers."""
+        for i in range(KEYS_PER_WARP):
+            quads[i] = uint64(0)
+            if w + uint64(KV_WARPS * i) < count:
+                quads[i] = src[at + uint64(i) * step]
+
     @cuda.jit
     def k_quant_kernel(k, mu, blocks, k8, s_k, heads):
         """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
@@ -195,20 +208,11 @@ def _build():
         s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys w, w + 4,
         ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
         t = uint64(cuda.threadIdx.x)
-        lane, w = t % uint64(32), t // uint64(32)
-        bid = uint64(cuda.blockIdx.x)
-        h, blk = bid % heads, bid // heads
         red = cuda.shared.array(KV_THREADS, float32)
         kq = cuda.local.array(KEYS_PER_WARP, uint64)
-        seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
-        step = heads * uint64(32 * KV_WARPS)
-        at = ((first + w) * heads + h) * uint64(32) + lane
-        mi = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+        w, h, blk, count, step, at, mi = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
         m0, m1, m2, m3 = mu[mi], mu[mi + uint64(1)], mu[mi + uint64(2)], mu[mi + uint64(3)]
-        for i in range(KEYS_PER_WARP):
-            kq[i] = uint64(0)
-            if w + uint64(KV_WARPS * i) < count:
-                kq[i] = k[at + uint64(i) * step]
+        load_keys(k, kq, at, step, w, count)
         amax = float32(0.0)
         for i in range(KEYS_PER_WARP):
             if w + uint64(KV_WARPS * i) < count:
@@ -244,15 +248,10 @@ def _build():
         4l .. 4l + 3) into a shared tile, then writes channel rows w, w + 4, ..., lane l the four
         columns 4l .. 4l + 3 (keys v_key_at(column)) as one word: 128-byte coalesced rows."""
         t = uint64(cuda.threadIdx.x)
-        lane, w = t % uint64(32), t // uint64(32)
-        bid = uint64(cuda.blockIdx.x)
-        h, blk = bid % heads, bid // heads
+        lane = t % uint64(32)
         tile = cuda.shared.array((K_BLOCK, TILE_WORDS), uint32)
         vq = cuda.local.array(KEYS_PER_WARP, uint64)
-        seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
-        step = heads * uint64(32 * KV_WARPS)
-        at = ((first + w) * heads + h) * uint64(32) + lane
-        sv = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
+        w, h, blk, count, step, at, sv = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
         s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
         # codes go through e4m3x2 in pairs; a zero-scale channel divides by 1 instead, and its byte
         # is masked to 0 afterwards
@@ -260,10 +259,7 @@ def _build():
         s0, s1, s2, s3 = divisor(s0), divisor(s1), divisor(s2), divisor(s3)
         one = float32(1.0)
         i0, i1, i2, i3 = div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
-        for i in range(KEYS_PER_WARP):
-            vq[i] = uint64(0)
-            if w + uint64(KV_WARPS * i) < count:
-                vq[i] = v[at + uint64(i) * step]
+        load_keys(v, vq, at, step, w, count)
         for i in range(KEYS_PER_WARP):
             word = uint32(0)
             if w + uint64(KV_WARPS * i) < count:

@@ -5,7 +5,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from h3kernels import torch_ops
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, cu_seqlens_of
 
 
 def mlp_args(m, rows, device):
@@ -30,9 +30,7 @@ def mlp_args(m, rows, device):
 def attention_args(lens, heads, device):
     g = torch.Generator().manual_seed(sum(lens))
     q, k, v = (torch.randn(sum(lens), heads, 128, generator=g).bfloat16().to(device) for _ in range(3))
-    cu = [0]
-    for n in lens:
-        cu.append(cu[-1] + n)
+    cu = cu_seqlens_of(lens)
     return q, k, v, torch.tensor(cu, dtype=torch.int32, device=device), cu
 
 

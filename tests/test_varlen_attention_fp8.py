@@ -20,7 +20,7 @@ from h3kernels import varlen_attention_fp8 as A
 from h3kernels import varlen_attention_fp8_plan as P
 from h3kernels import varlen_attention_fp8_quant as Q
 from h3kernels.compare import rel_l2
-from h3kernels.shapes import HEAD_DIM
+from h3kernels.shapes import HEAD_DIM, cu_seqlens_of
 
 
 def defines():
@@ -264,7 +264,7 @@ def random_inputs(seqlens, heads, k_offset=0.0, seed=0, device="cpu"):
     q, k, v = (torch.randn(n, heads, HD, generator=gen) for _ in range(3))
     if k_offset:
         k = k + k_offset * torch.randn(1, heads, HD, generator=gen)
-    cu = [0] + np.cumsum(seqlens).astype(int).tolist()
+    cu = cu_seqlens_of(seqlens)
     return (q.bfloat16().to(device), k.bfloat16().to(device), v.bfloat16().to(device),
             torch.tensor(cu, dtype=torch.int32, device=device), cu)
 

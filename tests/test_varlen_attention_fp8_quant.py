@@ -6,6 +6,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8_quant as Q
+from h3kernels.shapes import cu_seqlens_of
 from h3kernels.varlen_attention_fp8_plan import plan_host
 from numba.cuda import config
 
@@ -17,7 +18,7 @@ def hard_inputs(seqlens, heads):
     t = sum(seqlens)
     q, k, v = (torch.randn(t, heads, 128, generator=g) for _ in range(3))
     k = k + 40 * torch.randn(1, heads, 128, generator=g)  # large per-channel offset: smoothing
-    cu = [0] + np.cumsum(seqlens).tolist()
+    cu = cu_seqlens_of(seqlens)
     long_seg = int(np.argmax(seqlens))
     if seqlens[long_seg] >= 128 and heads > 1:
         # s_k = 0 needs k' = k - mu = 0, i.e. keys equal to their segment's mean: a constant block

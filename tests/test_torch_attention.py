@@ -1,0 +1,18 @@
+"""torch_attention.sdpa_bf16, the demo's and bench's torch peer, on the CPU: both of its paths
+(one batched call for equal segments, one call per segment otherwise) against float64 attention."""
+import torch
+
+from h3kernels import reference as R
+from h3kernels.compare import rel_l2
+from h3kernels.demo import make_attention_inputs
+from h3kernels.torch_attention import sdpa_bf16
+
+
+def test_sdpa_bf16_matches_exact_attention_on_both_paths():
+    for lens in ([64, 64, 64], [50, 0, 77, 1]):
+        q, k, v, cu, cu_host = make_attention_inputs(lens, heads=3, device="cpu", seed=1)
+        assert cu.dtype == torch.int32 and cu.tolist() == cu_host and q.shape == (sum(lens), 3, 128)
+        assert rel_l2(sdpa_bf16(q, k, v, cu_host), R.attention_exact(q, k, v, cu_host)) < 0.01
+    q, k, v, _, cu_host = make_attention_inputs([64, 64], heads=2, device="cpu", seed=2)
+    per_segment = sdpa_bf16(q[:64], k[:64], v[:64], [0, 64]), sdpa_bf16(q[64:], k[64:], v[64:], [0, 64])
+    assert rel_l2(sdpa_bf16(q, k, v, cu_host), torch.cat(per_segment)) < 1e-2
