@@ -6,7 +6,6 @@ calls between one event pair; and the host time of a call and of its passes.
 python bench/attention_parts.py [SET ...]      (bench_attention's set names; default 4x4096 1x16384)
 """
 import sys
-import time
 
 import torch
 
@@ -16,18 +15,7 @@ from h3kernels.shapes import attention_flops
 from h3kernels.timing import attention_quant_kernel_ms, median_ms_batched
 
 from bench_attention import SETS, make_set
-from bench_common import ceiling_tflops, log
-
-
-def host_ms(fn, calls=5):
-    """Host time per call while the GPU is busy with earlier calls (so no call waits for it)."""
-    fn()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    ms = (time.perf_counter() - t) * 1e3 / calls
-    torch.cuda.synchronize()
-    return ms
+from bench_common import ceiling_tflops, host_ms, log
 
 
 def parts(name, lens, ceil):
@@ -47,7 +35,7 @@ def parts(name, lens, ceil):
         kernel_host = host_ms(op)
     finally:
         quant.launch = real
-    passes, each = attention_quant_kernel_ms(q, k, v, cu, cu_host, per_pass=True)
+    passes, each = attention_quant_kernel_ms(q, k, v, cu, cu_host)
     pct = lambda ms: f"{flops / ms / 1e9 / ceil:.1%}" if ceil else "?"
     log(f"{name}: whole {whole:.3f} ms ({pct(whole)} of {ceil:.0f}); kernel-only call {kernel:.3f} ms "
         f"({pct(kernel)}); passes {passes:.3f} ms ({passes / whole:.1%}); whole - kernel - passes "

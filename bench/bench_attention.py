@@ -49,13 +49,14 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from h3kernels.compare import rel_l2
-from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops, cu_seqlens_of
+from h3kernels.demo import make_attention_inputs
+from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops
 from h3kernels.timing import median_ms, median_ms_batched
+from h3kernels.torch_attention import SegmentedSDPA
 
-from bench_common import ceiling_tflops, elapsed, log, short
+from bench_common import ceiling_tflops, elapsed, host_ms, log, short
 
 BF = torch.bfloat16
 SETS = (("4x4096", [4096] * 4), ("16x1024", [1024] * 16), ("1x16384", [16384]),
@@ -85,12 +86,8 @@ def wait_event(ev, timeout_s):
 # --- inputs ----------------------------------------------------------------------------------
 
 def make_set(lens, heads, seed, dev):
-    cu_host = cu_seqlens_of(lens)
-    tokens = cu_host[-1]
-    g = torch.Generator(device=dev).manual_seed(seed)
-    q, k, v = (torch.randn(tokens, heads, HEAD_DIM, generator=g, device=dev, dtype=BF) for _ in range(3))
-    cu = torch.tensor(cu_host, dtype=torch.int32, device=dev)
-    return dict(q=q, k=k, v=v, cu=cu, cu_host=tuple(cu_host), lens=list(lens), tokens=tokens,
+    q, k, v, cu, cu_host = make_attention_inputs(lens, heads, device=dev, seed=seed)
+    return dict(q=q, k=k, v=v, cu=cu, cu_host=tuple(cu_host), lens=list(lens), tokens=cu_host[-1],
                 max_len=max(lens), heads=heads)
 
 
@@ -143,40 +140,17 @@ def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=REF_ROWS_CHU
 
 def sdpa_method(backend, s, contiguous=False):
     """(fn, pack, how): fn() runs SDPA under one backend; pack(output, idx) gives packed rows [n, H, D]."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     be = getattr(SDPBackend, backend)
-    lens, heads = s["lens"], s["heads"]
-    if len(set(lens)) == 1:
-        b, n = len(lens), lens[0]
-        qkv = [s[x].view(b, n, heads, HEAD_DIM).transpose(1, 2) for x in "qkv"]
-        if contiguous:
-            qkv = [t.contiguous() for t in qkv]
-
-        def fn():
-            with sdpa_kernel(be):
-                return F.scaled_dot_product_attention(*qkv)
-
-        def pack(o, idx):
-            return o.transpose(1, 2).reshape(-1, heads, HEAD_DIM)[idx]
-
-        how = f"batched [{b}, {heads}, {n}, 128], " + ("contiguous copies" if contiguous else "strided views")
+    attention = SegmentedSDPA(s["q"], s["k"], s["v"], s["cu_host"], contiguous=contiguous)
+    copies = "contiguous copies" if contiguous else "strided views"
+    if attention.batched:
+        b, heads, n, _ = attention.inputs[0][0].shape
+        how = f"batched [{b}, {heads}, {n}, 128], " + copies
     else:
-        cu = s["cu_host"]
-        segs = [[s[x][a:e].unsqueeze(0).transpose(1, 2) for x in "qkv"] for a, e in zip(cu[:-1], cu[1:]) if e > a]
-        if contiguous:
-            segs = [[t.contiguous() for t in seg] for seg in segs]
-
-        def fn():
-            with sdpa_kernel(be):
-                return [F.scaled_dot_product_attention(*seg) for seg in segs]
-
-        def pack(o, idx):
-            return torch.cat([x[0].transpose(0, 1) for x in o])[idx]
-
-        how = f"per-segment: {len(segs)} calls on [1, {heads}, L_i, 128] " + (
-            "contiguous copies" if contiguous else "strided views")
-    return fn, pack, how
+        how = f"per-segment: {len(attention.inputs)} calls on [1, {s['heads']}, L_i, 128] " + copies
+    return (lambda: attention(be)), (lambda o, idx: attention.pack(o)[idx]), how
 
 
 def varlen_impls(dev_index):
@@ -348,7 +322,7 @@ def run_ours(r, args, st, dev):
     try:
         from h3kernels.timing import attention_quant_kernel_ms
 
-        qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host, per_pass=True)
+        qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host)
         for o in timed:
             o.update(quant_ms=qm, quant_share=qm / o["stream_ms"], quant_pass_ms=each,
                      quant_timed_as="varlen_attention_fp8_quant.launch alone")
@@ -403,14 +377,7 @@ def run_variant(r, name, o, s, st, args):
         o.update(measure(ours, flops, args))
         if first is not None:
             o["bitwise_repeat"] = bool(torch.equal(out[idx], first))
-        # host time of one call issued while the GPU is busy with the previous one: a call that
-        # synchronizes takes about the GPU time here
-        torch.cuda.synchronize()
-        ours()
-        t = time.perf_counter()
-        ours()
-        o["host_ms"] = (time.perf_counter() - t) * 1e3
-        torch.cuda.synchronize()
+        o["host_ms"] = host_ms(ours, calls=1)
         acc = []
         if "rel_l2_vs_ref" in o:
             acc.append(f"vs {r['ref']} rel L2 {o['rel_l2_vs_ref']:.4f}")

@@ -15,7 +15,7 @@ import torch
 
 from h3kernels import minimax_h3_mlp_fp8_row_stage, mlp_fp8_row, reference as R
 from h3kernels.demo import make_row_inputs
-from h3kernels.timing import copy_bandwidth_gbs, median_ms, row_stage_kernel_ms
+from h3kernels.timing import median_ms, row_stage_vs_copy
 
 
 def main():
@@ -30,16 +30,10 @@ def main():
     a_s = torch.empty(m, device="cuda")
 
     kernel = mlp_fp8_row.kernel()
-    nbytes = m * 5376 * 2 + m * 5376 + m * 4
-    # Kernel and copy timed alike (10 back-to-back launches per event pair, median of 20), in 5
-    # alternating rounds: the ratio is the median of the rounds' ratios, so a clock or neighbour
-    # change during the run moves both sides.
-    rounds = []
-    for _ in range(5):
-        k_ms = row_stage_kernel_ms(sets, a_q, a_s)
-        c_gbs, c_ms = copy_bandwidth_gbs(nbytes)
-        rounds.append((nbytes / (k_ms * 1e-3) / 1e9 / c_gbs, k_ms, c_ms, c_gbs))
-    ratio, kernel_ms, copy_ms, copy_gbs = sorted(rounds)[len(rounds) // 2]
+    vs_copy = row_stage_vs_copy(sets, a_q, a_s)
+    nbytes, ratio, rounds = vs_copy["bytes"], vs_copy["ratio"], vs_copy["rounds"]
+    kernel_ms, gbs = vs_copy["kernel_ms"], vs_copy["kernel_gbs"]
+    copy_ms, copy_gbs = vs_copy["copy_ms"], vs_copy["copy_gbs"]
     cur = {}
 
     setup = lambda i: cur.update(args=sets[i % len(sets)])
@@ -53,14 +47,14 @@ def main():
     wall_ms = (time.perf_counter() - t0) * 1e3 / 50
     eager = median_ms(lambda: R.quantize_rows(R.mlp_row_stage(*cur["args"])), warmup=2, reps=10, setup=setup)
 
-    gbs = nbytes / (kernel_ms * 1e-3) / 1e9
     res = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), rows=m,
                bytes=nbytes, kernel_ms=kernel_ms, kernel_gbs=gbs, call_event_ms=call_ms, call_wall_ms=wall_ms,
                copy_ms=copy_ms, copy_gbs=copy_gbs, fraction_of_copy=ratio, torch_eager_ms=eager,
-               rounds=[dict(ratio=r, kernel_ms=k, copy_ms=c) for r, k, c, _ in rounds])
+               rounds=[{key: r[key] for key in ("ratio", "kernel_ms", "copy_ms")} for r in rounds])
+    round_ratios = ", ".join(f"{r['ratio']:.2f}" for r in rounds)
     print(f"row stage M={m}: kernel {kernel_ms:.4f} ms = {gbs:.0f} GB/s; torch copy of the same "
           f"{nbytes / 1e6:.0f} MB: {copy_ms:.4f} ms = {copy_gbs:.0f} GB/s; ratio {ratio:.2f} (median of "
-          f"{len(rounds)} rounds: {', '.join(f'{r[0]:.2f}' for r in rounds)})")
+          f"{len(rounds)} rounds: {round_ratios})")
     print(f"  full call: {call_ms:.4f} ms (events), {wall_ms:.4f} ms wall per call over 50 calls; "
           f"torch eager row stage {eager:.3f} ms")
     try:

@@ -10,20 +10,14 @@ import cupy
 import torch
 
 import h3kernels
-from h3kernels.demo import make_attention_inputs
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+from h3kernels.demo import make_attention_inputs, make_mlp_weights, make_row_inputs
 
 
 def mlp(m):
-    g = torch.Generator(device="cuda").manual_seed(m)
-    rn = lambda *s: torch.randn(*s, device="cuda", generator=g)
-    q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8((rn(FC1_OUT, HIDDEN) * HIDDEN ** -0.5).bfloat16())
-    q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8((rn(HIDDEN, FFN) * FFN ** -0.5).bfloat16())
-    tables = rn(8, 6 * HIDDEN).bfloat16()
-    idx = torch.randint(-2, 10, (m,), device="cuda", generator=g)  # some rows index-guarded
-    out = h3kernels.minimax_h3_mlp_fp8(rn(m, HIDDEN).bfloat16(), torch.ones(HIDDEN, device="cuda").bfloat16(),
-                                       tables[:, :HIDDEN], tables[:, HIDDEN:2 * HIDDEN], idx,
-                                       tables[:, 2 * HIDDEN:3 * HIDDEN], rn(m, HIDDEN).bfloat16(), q1, s1, q2, s2)
+    x, w, sc, sh, idx = make_row_inputs(m, rows=8, device="cuda", seed=m)  # every 7th row index-guarded
+    idx[3::7] = -2  # and some below zero: the guard has two sides
+    gate, residual, _, _, q1, s1, q2, s2 = make_mlp_weights(m, 8, seed=m + 1)  # not the inputs' random stream again
+    out = h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
     print(f"mlp M={m}: ok", flush=True)

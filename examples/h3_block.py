@@ -13,8 +13,9 @@ import torch
 import h3kernels
 from h3kernels import torch_ops
 from h3kernels.compare import rel_l2
-from h3kernels.shapes import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN
+from h3kernels.shapes import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN, cu_seqlens_of
 from h3kernels.timing import median_ms
+from h3kernels.torch_mlp import row_stage
 
 INNER = H3_HEADS * HEAD_DIM  # 7168: the attention's width (56 heads x 128), wider than the 5376 hidden
 
@@ -39,9 +40,7 @@ class H3Block(torch.nn.Module):
     def forward(self, x, mod, index, cu_seqlens, cu_seqlens_host):
         tokens = x.shape[0]
         shift1, scale1, gate1, shift2, scale2, gate2 = (mod[:, i * HIDDEN:(i + 1) * HIDDEN] for i in range(6))
-        xf = x.float()
-        h = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5)).bfloat16() * self.norm1
-        h = h * (1 + scale1[index]) + shift1[index]
+        h = row_stage(x, self.norm1, scale1, shift1, index, 1e-5)
         q, k, v = (t.reshape(tokens, H3_HEADS, HEAD_DIM).contiguous() for t in (h @ self.qkv.t()).chunk(3, dim=-1))
         o = torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, cu_seqlens_host)
         x = x + gate1[index] * (o.reshape(tokens, INNER) @ self.proj.t())
@@ -66,7 +65,7 @@ def main(argv=None):
     x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
     mod = (0.1 * torch.randn(a.rows, 6 * HIDDEN, device="cuda")).bfloat16()
     index = torch.randint(0, a.rows, (tokens,), device="cuda")
-    cu_host = [i * a.tokens for i in range(a.segments + 1)]
+    cu_host = cu_seqlens_of([a.tokens] * a.segments)
     cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
     run = lambda f: f(x, mod, index, cu, cu_host)
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """`python -m h3kernels bench`: both operators timed beside torch's bf16 path and this GPU's e4m3
-mma.sync ceiling, measured in the same run; a table at the end, CSV or JSON on request.
+mma.sync ceiling for the mma form each operator uses, measured in the same run; a table at the
+end, CSV or JSON on request.
 
 Times are CUDA-event medians of back-to-back calls (h3kernels.timing.median_ms_batched) after a
 warm-up. MLP peer: torch eager bf16 (h3kernels.torch_mlp.mlp_bf16). Attention peer: torch's
@@ -62,41 +63,58 @@ def run(args):
     import torch
 
     from . import mma_ceiling
+    from .mlp_fp8 import mma_form as mlp_form
+    from .varlen_attention_fp8 import mma_form as attention_form
 
-    dev = torch.cuda.current_device()
-    jobs = [("e4m3 mma.sync ceiling", None)]
-    jobs += [(f"mlp M={m}", lambda m=m: mlp_case(m)) for m in args.rows]
-    jobs += [(f"attention {s}", lambda s=s: attention_case([int(n) for n in s.split(",")])) for s in args.segments]
-    t0 = time.time()
-    rows, ceiling = [], None
-    for i, (what, fn) in enumerate(jobs):
-        progress(i, len(jobs), what, t0)
-        if fn is None:
-            form = mma_ceiling.supported_forms(dev)[-1]
-            ceiling = mma_ceiling.measure_tflops(dev, form)
-        else:
-            rows.append(fn())
-            torch.cuda.empty_cache()
-    progress(len(jobs), len(jobs), "done", t0)
-    for r in rows:
-        r["ours_tflops"] = r["flops"] / r["ours_ms"] / 1e9
-        r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
-        r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling
-        r["ceiling_tflops"] = ceiling
-    if not rows:
+    if not args.rows and not args.segments:
         print("nothing to time: give --rows and/or --segments")
         return 1
-    print(f"{torch.cuda.get_device_name(dev)}: e4m3 mma.sync ceiling {ceiling:.0f} TFLOP/s (measured now)")
+    dev = torch.cuda.current_device()
+    # each row's % of ceiling is against the mma form its own operator runs (they differ on sm_120a)
+    forms = {}
+    if args.rows:
+        forms["mlp"] = mlp_form(dev)  # fp8_mma_form=-1, as mlp_case calls it
+    if args.segments:
+        forms["attention"] = attention_form(dev)
+    jobs = [(f"mlp M={m}", lambda m=m: mlp_case(m)) for m in args.rows]
+    jobs += [(f"attention {s}", lambda s=s: attention_case([int(n) for n in s.split(",")])) for s in args.segments]
+    steps = len(jobs) + 1  # the ceiling is step 0
+    t0 = time.time()
+    progress(0, steps, "e4m3 mma.sync ceiling", t0)
+    failed = lambda err: sys.stderr.write(f"\ne4m3 mma.sync ceiling: failed {type(err).__name__}: {err}\n")
+    ceilings = {form: mma_ceiling.ceiling_tflops(dev, form, on_error=failed) for form in sorted(set(forms.values()))}
+    rows = []
+    for i, (what, fn) in enumerate(jobs, start=1):
+        progress(i, steps, what, t0)
+        rows.append(fn())
+        torch.cuda.empty_cache()
+    progress(steps, steps, "done", t0)
+    for r in rows:
+        ceiling = ceilings[forms[r["op"]]]
+        r["ours_tflops"] = r["flops"] / r["ours_ms"] / 1e9
+        r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
+        r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling if ceiling else None
+        r["ceiling_tflops"] = ceiling
+    shown = {form: f"{c:.0f} TFLOP/s (measured now)" if c else "n/a (measurement failed)"
+             for form, c in ceilings.items()}
+    if len(shown) == 1:
+        ceiling_text = next(iter(shown.values()))
+    else:
+        ceiling_text = ", ".join(f"{op} (form {form}) {shown[form]}" for op, form in forms.items())
+    print(f"{torch.cuda.get_device_name(dev)}: e4m3 mma.sync ceiling {ceiling_text}")
     print(f"{'operator':<10} {'case':<28} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} {'peer ms':>9} "
           f"{'TFLOP/s':>8}")
     for r in rows:
-        print(f"{r['op']:<10} {r['case']:<28} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {r['pct_ceiling']:6.1f}% "
+        pct = f"{r['pct_ceiling']:6.1f}%" if r["pct_ceiling"] is not None else f"{'n/a':>7}"
+        print(f"{r['op']:<10} {r['case']:<28} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {pct} "
               f"{r['peer']:<18} {r['peer_ms']:9.3f} {r['peer_tflops']:8.0f}")
     if args.json:
+        # one figure for the GPU: the highest form's; each row carries its own operator's
+        top = max((c for c in ceilings.values() if c), default=None)
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
-                           ceiling_tflops=ceiling, rows=rows), f, indent=1)
-    if args.csv and rows:
+                           ceiling_tflops=top, rows=rows), f, indent=1)
+    if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

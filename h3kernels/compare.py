@@ -27,3 +27,23 @@ def bf16_ulps(a, b):
         i = t.contiguous().view(torch.int16).to(torch.int32)
         return torch.where(i < 0, -(i & 0x7FFF), i)
     return (ordered(a) - ordered(b)).abs()
+
+
+def attention_reference_misses(got, want, cu_host):
+    """Where attention output `got` is further from the reference's `want` than
+    varlen_attention_fp8.reference_bound allows, as (what, rel L2, bound) entries: each segment
+    that fits one key block on its own (its bound is the tight one), and the whole set against
+    the largest bound of its segments. [] when it is within them all."""
+    from .varlen_attention_fp8 import reference_bound
+
+    lens = [b - a for a, b in zip(cu_host, cu_host[1:])]
+    misses = []
+    for seg, (a, n) in enumerate(zip(cu_host, lens)):
+        if 0 < n and reference_bound(n) < reference_bound(max(lens)):
+            err = rel_l2(got[a:a + n], want[a:a + n])
+            if not err <= reference_bound(n):
+                misses.append((f"segment {seg} ({n} keys)", err, reference_bound(n)))
+    err, bound = rel_l2(got, want), reference_bound(max(lens, default=0))
+    if not err <= bound:
+        misses.append(("all rows", err, bound))
+    return misses

@@ -7,7 +7,7 @@ from .shapes import HIDDEN
 
 def make_row_inputs(m, rows=50, device="cpu", seed=0):
     """Random MLP row-stage inputs: AdaLN tables are column chunks of a [rows, 6*5376] projection,
-    and every 7th index is out of range."""
+    and every 7th index (rows 6, 13, ...) is out of range."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -15,7 +15,7 @@ def make_row_inputs(m, rows=50, device="cpu", seed=0):
     w = (1 + 0.1 * torch.randn(HIDDEN, generator=g, device=device)).bfloat16()
     mod = (0.5 * torch.randn(rows, 6 * HIDDEN, generator=g, device=device)).bfloat16()
     idx = torch.randint(0, rows, (m,), generator=g, device=device)
-    idx[::7] = rows + 3
+    idx[6::7] = rows + 3  # from row 6 on: M < 7 runs every row through the GEMMs
     return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
 
 
@@ -32,27 +32,46 @@ def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3):
     return q, k, v, torch.tensor(cu_host, dtype=torch.int32, device=device), cu_host
 
 
-def make_mlp_weights(m, rows, seed=2):
-    """On the GPU: gate [rows, 5376], residual [M, 5376], bf16 weights w1, w2 and their prepared
-    e4m3 forms (q1, s1, q2, s2)."""
+def make_mlp_weights(m, rows, seed=2, device="cuda"):
+    """gate [rows, 5376], residual [M, 5376], bf16 weights w1, w2 and their prepared e4m3 forms
+    (q1, s1, q2, s2), on `device`."""
     import torch
 
     import h3kernels
     from .shapes import FC1_OUT, FFN
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device="cuda") * HIDDEN ** -0.5).bfloat16()
-    w2 = (torch.randn(HIDDEN, FFN, generator=g, device="cuda") * FFN ** -0.5).bfloat16()
-    gate = torch.randn(rows, HIDDEN, generator=g, device="cuda").bfloat16()
-    residual = torch.randn(m, HIDDEN, generator=g, device="cuda").bfloat16()
+    g = torch.Generator(device=device).manual_seed(seed)
+    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device=device) * HIDDEN ** -0.5).bfloat16()
+    w2 = (torch.randn(HIDDEN, FFN, generator=g, device=device) * FFN ** -0.5).bfloat16()
+    gate = torch.randn(rows, HIDDEN, generator=g, device=device).bfloat16()
+    residual = torch.randn(m, HIDDEN, generator=g, device=device).bfloat16()
     q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
     q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
     return gate, residual, w1, w2, q1, s1, q2, s2
 
 
-def run_cpu(args):
+def poisoned_mlp_workspaces(m, device="cuda"):
+    """Caller workspaces for minimax_h3_mlp_fp8, every one filled with NaN (codes 0x7F) and the
+    flags with -7, so that an element the operator skips shows."""
     import torch
 
+    import h3kernels
+    from .shapes import FFN
+
+    nan = float("nan")
+    ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device=device),
+              workspace_a_scale=torch.full((m,), nan, device=device),
+              workspace_y=torch.full((m, FFN), nan, dtype=torch.bfloat16, device=device),
+              workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device=device),
+              workspace_y_scale=torch.full((m,), nan, device=device),
+              workspace_flags=torch.full((h3kernels.minimax_h3_mlp_fc2_flags(m),), -7, dtype=torch.int32,
+                                         device=device))
+    ws["workspace_a_q"].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+    ws["workspace_y_q"].view(torch.uint8).fill_(0x7F)
+    return ws
+
+
+def run_cpu(args):
     from . import reference as R
 
     print("No CUDA GPU found: the FP8 kernels need an sm_89, sm_90 or sm_120 GPU.")
@@ -60,29 +79,21 @@ def run_cpu(args):
     t0 = time.time()
     m, rows = 4, 3
     x, w, sc, sh, idx = make_row_inputs(m, rows)
-    g = torch.Generator().manual_seed(1)
-    w1 = (torch.randn(2 * 14336, HIDDEN, generator=g) * HIDDEN ** -0.5).bfloat16()
-    w2 = (torch.randn(HIDDEN, 14336, generator=g) * 14336 ** -0.5).bfloat16()
-    gate = (torch.randn(rows, HIDDEN, generator=g)).bfloat16()
-    residual = torch.randn(m, HIDDEN, generator=g).bfloat16()
-    q1, s1 = R.prepare_minimax_h3_fc1_weight_fp8(w1)
-    q2, s2 = R.prepare_minimax_h3_fc2_weight_fp8(w2)
+    gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, rows, device="cpu")
     out = R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
     exact = R.mlp_exact_bf16(x, w, sc, sh, idx, gate, w1, w2)
     delta = out.float() - residual.float()
-    ok = (R.index_guard(idx, rows)[1])
+    ok = R.index_guard(idx, rows)[1]
     print(f"MLP reference, M={m}: out - residual vs unquantized FP32: "
           f"cos {cos(delta[ok], exact[ok]):.5f}, rel L2 {rel_l2(delta[ok], exact[ok]):.4f} "
           f"({time.time() - t0:.1f} s)")
 
     t0 = time.time()
-    seg, heads = [0, 200, 200, 456], 4
-    tokens = seg[-1]
-    q, k, v = (torch.randn(tokens, heads, 128, generator=g).bfloat16() for _ in range(3))
-    cu = torch.tensor(seg, dtype=torch.int32)
+    seqlens, heads = [200, 0, 256], 4
+    q, k, v, cu, _ = make_attention_inputs(seqlens, heads, device="cpu", seed=1)
     o = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
     e = R.attention_exact(q, k, v, cu)
-    print(f"attention reference, segments {[b - a for a, b in zip(seg, seg[1:])]}, {heads} heads: "
+    print(f"attention reference, segments {seqlens}, {heads} heads: "
           f"rel L2 vs float64 softmax {rel_l2(o, e):.4f} ({time.time() - t0:.1f} s)")
     return 0
 
@@ -90,86 +101,78 @@ def run_cpu(args):
 def run_gpu(args):
     import torch
 
-    from . import jit, mma_ceiling, reference as R
-    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
-    from .timing import copy_bandwidth_gbs, median_ms, row_stage_kernel_ms
+    from . import jit, mma_ceiling
 
     dev = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(dev)
     arch = jit.arch_for(cc)
     print(f"GPU: {torch.cuda.get_device_name(dev)} (compute capability {cc[0]}.{cc[1]} -> {arch})\n")
 
-    m = args.rows
-    x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
-    a_q, a_s = minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx)
-    ref = R.mlp_row_stage(*(t.cpu() for t in (x, w, sc, sh, idx)))
-    rq, rs = R.quantize_rows(ref)
-    same_q = int((a_q.cpu().view(torch.uint8) != rq.view(torch.uint8)).sum())
-    same_s = int((a_s.cpu().view(torch.int32) != rs.view(torch.int32)).sum())
-    kernel_ms = row_stage_kernel_ms([(x, w, sc, sh, idx)], a_q, a_s)
+    x, w, sc, sh, idx = make_row_inputs(args.rows, device="cuda")
+    row_ok, a_q, a_s, row_ref = check_row_stage(x, w, sc, sh, idx)
+    time_row_stage(x, w, sc, sh, idx, a_q, a_s)
+    mlp_ok, mlp_call = check_mlp(x, w, sc, sh, idx, row_ref)
+    time_mlp(*mlp_call)
+    attn_ok, attn_call = check_attention(args.segments)
+    time_attention(*attn_call)
+    for form in mma_ceiling.supported_forms(dev):
+        print(f"e4m3 mma.sync ceiling, form {form}: {mma_ceiling.measure_tflops(dev, form):.0f} TFLOP/s")
+    return 0 if row_ok and mlp_ok and attn_ok else 1
+
+
+# --- checks against the reference (also `python -m h3kernels check`) and timings beside torch ---
+
+def check_row_stage(x, w, sc, sh, idx):
+    """The row stage into poisoned workspaces, bitwise against the reference (on the CPU).
+    Returns (ok, a_q, a_scale, the reference's (a_q, a_scale) on x's device)."""
+    import torch
+
+    from . import reference as R
+    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
+
+    m = x.shape[0]
+    ws_q = torch.full((m, HIDDEN), 0x7F, dtype=torch.uint8, device=x.device).view(torch.float8_e4m3fn)
+    a_q, a_s = minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx, workspace_a_q=ws_q,
+                                            workspace_a_scale=torch.full((m,), float("nan"), device=x.device))
+    rq, rs = R.quantize_rows(R.mlp_row_stage(*(t.cpu() for t in (x, w, sc, sh, idx))))
+    bad_q = int((a_q.cpu().view(torch.uint8) != rq.view(torch.uint8)).sum())
+    bad_s = int((a_s.cpu().view(torch.int32) != rs.view(torch.int32)).sum())
+    print(f"MLP row stage (RMSNorm + AdaLN + e4m3 quantization), M={m}:")
+    print(f"  vs reference: {bad_q} of {a_q.numel()} a_q bytes and {bad_s} of {m} scales differ")
+    return bad_q == 0 and bad_s == 0, a_q, a_s, (rq.to(x.device), rs.to(x.device))
+
+
+def time_row_stage(x, w, sc, sh, idx, a_q, a_s):
+    from . import reference as R
+    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
+    from .timing import median_ms, row_stage_vs_copy
+
+    speed = row_stage_vs_copy([(x, w, sc, sh, idx)], a_q, a_s, rounds=1)
     call_ms = median_ms(lambda: minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx, workspace_a_q=a_q,
                                                              workspace_a_scale=a_s))
     torch_ms = median_ms(lambda: R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx)), reps=5)
-    nbytes = x.numel() * 2 + a_q.numel() + a_s.numel() * 4
-    copy_gbs, _ = copy_bandwidth_gbs(nbytes)
-    gbs = nbytes / (kernel_ms * 1e-3) / 1e9
-    print(f"MLP row stage (RMSNorm + AdaLN + e4m3 quantization), M={m}:")
-    print(f"  vs reference: {same_q} of {a_q.numel()} a_q bytes and {same_s} of {m} scales differ")
-    print(f"  h3kernels kernel {kernel_ms:.3f} ms = {gbs:.0f} GB/s ({100 * gbs / copy_gbs:.0f}% of a torch copy of "
-          f"the same bytes, {copy_gbs:.0f} GB/s); one whole call {call_ms:.3f} ms; torch eager {torch_ms:.3f} ms\n")
-
-    mlp_ok = run_gpu_mlp(m, x, w, sc, sh, idx)
-    attn_ok = run_gpu_attention(args.segments)
-    for form in mma_ceiling.supported_forms(dev):
-        print(f"e4m3 mma.sync ceiling, form {form}: {mma_ceiling.measure_tflops(dev, form):.0f} TFLOP/s")
-    return 0 if same_q == 0 and same_s == 0 and mlp_ok and attn_ok else 1
+    print(f"  h3kernels kernel {speed['kernel_ms']:.3f} ms = {speed['kernel_gbs']:.0f} GB/s "
+          f"({100 * speed['ratio']:.0f}% of a torch copy of the same bytes, {speed['copy_gbs']:.0f} GB/s); "
+          f"one whole call {call_ms:.3f} ms; torch eager {torch_ms:.3f} ms\n")
 
 
-def run_gpu_attention(seqlens, heads=56):
-    """The attention at MiniMax-H3 head count against the reference, and beside torch's bf16 SDPA
-    (torch_attention.sdpa_bf16), which also stands in for the unquantized result."""
+def check_mlp(x, w, sc, sh, idx, row_ref):
+    """The whole MLP at MiniMax-H3 sizes into poisoned workspaces, each stage against the
+    reference (row_ref: the reference's a_q and a_scale). Returns (ok, arguments for time_mlp)."""
     import torch
 
     import h3kernels
     from . import reference as R
-    from .shapes import attention_flops
-    from .timing import median_ms
-    from .torch_attention import sdpa_bf16
+    from .shapes import FFN
 
-    q, k, v, cu, cu_host = make_attention_inputs(seqlens, heads)
-    run = lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu, cu_seqlens_host=cu_host)
-    out = run()
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
-
-    sdpa = lambda: sdpa_bf16(q, k, v, cu_host)
-    bf16_ref = sdpa()
-    ours, theirs = median_ms(run, reps=10), median_ms(sdpa, reps=10)
-    flops = attention_flops(seqlens, heads)
-    err_ref, err_sdpa, ref_sdpa = rel_l2(out, want), rel_l2(out, bf16_ref), rel_l2(want, bf16_ref)
-    print(f"attention (minimax_h3_varlen_attention_fp8), segments {list(seqlens)}, {heads} heads:")
-    print(f"  rel L2 vs reference {err_ref:.4f} (online softmax: P rounds against running maxima, about 0.025 on long "
-          f"segments); vs torch bf16 SDPA {err_sdpa:.4f} (the reference's own: {ref_sdpa:.4f})")
-    print(f"  h3kernels {ours:.3f} ms = {flops / ours / 1e9:.0f} TFLOP/s; torch bf16 SDPA {theirs:.3f} ms\n")
-    return bool(torch.isfinite(out.float()).all()) and err_ref <= 0.03 and err_sdpa <= 1.1 * ref_sdpa
-
-
-def run_gpu_mlp(m, x, w, sc, sh, idx):
-    """The whole MLP at MiniMax-H3 sizes: each stage against the reference, time beside torch's path."""
-    import torch
-
-    import h3kernels
-    from . import reference as R
-    from .shapes import FC1_OUT, FFN
-    from .timing import median_ms
-    from .torch_mlp import mlp_bf16
-
+    m = x.shape[0]
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0])
-    ws = dict(workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"),
-              workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device="cuda"),
-              workspace_y_scale=torch.empty(m, device="cuda"))
+    ws = poisoned_mlp_workspaces(m)
     args = (x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
     out = h3kernels.minimax_h3_mlp_fp8(*args, **ws)
-    a_q, a_s = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
+    a_q, a_s = row_ref
+    row_same = bool(torch.equal(ws["workspace_a_q"].view(torch.uint8), a_q.view(torch.uint8))
+                    and torch.equal(ws["workspace_a_scale"].view(torch.int32), a_s.view(torch.int32)))
     over = lambda got, want: int((bf16_ulps(got, want) > 1).sum())
     y_over = 0
     for r0 in range(0, m, 4096):  # y from the reference's a_q (equal to the kernel's, bitwise)
@@ -181,17 +184,67 @@ def run_gpu_mlp(m, x, w, sc, sh, idx):
     want = torch.where(valid[:, None], R.bf16(residual.float() + R.bf16(gate[i].float() * o.float()).float()),
                        residual)
     out_over = over(out, want)
-    yq_same = bool(torch.equal(yq.view(torch.uint8), ws["workspace_y_q"].view(torch.uint8)))
-    ours = median_ms(lambda: h3kernels.minimax_h3_mlp_fp8(*args, **ws), reps=10)
-    theirs = median_ms(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
+    yq_same = bool(torch.equal(yq.view(torch.uint8), ws["workspace_y_q"].view(torch.uint8))
+                   and torch.equal(ys.view(torch.int32), ws["workspace_y_scale"].view(torch.int32)))
     exact = R.mlp_exact_bf16(x[:1024], w, sc, sh, idx[:1024], gate, w1, w2)
     delta = out[:1024].float() - residual[:1024].float()
-    tflops = 2 * m * HIDDEN * (FC1_OUT + FFN) / ours / 1e9
     print(f"MLP block (minimax_h3_mlp_fp8), M={m}:")
-    print(f"  vs reference: y {y_over} of {m * FFN} over 1 bf16 ulp; y_q bitwise from y: {yq_same}; "
-          f"out {out_over} of {out.numel()} over 1 ulp")
+    print(f"  vs reference: a_q, a_scale bitwise: {row_same}; y {y_over} of {m * FFN} over 1 bf16 ulp; "
+          f"y_q, y_scale bitwise from y: {yq_same}; out {out_over} of {out.numel()} over 1 ulp")
     print(f"  vs unquantized FP32 (first 1024 rows, out - residual): cos {cos(delta, exact):.5f}, "
           f"rel L2 {rel_l2(delta, exact):.4f}")
-    print(f"  h3kernels {ours:.3f} ms = {tflops:.0f} TFLOP/s; torch eager bf16 {theirs:.3f} ms\n")
-    return yq_same and y_over <= 1e-3 * m * FFN and out_over <= 1e-3 * out.numel()
+    ok = row_same and yq_same and y_over <= 1e-3 * m * FFN and out_over <= 1e-3 * out.numel()
+    return ok, (args, ws, w1, w2)
 
+
+def time_mlp(args, ws, w1, w2):
+    import h3kernels
+    from .shapes import mlp_flops
+    from .timing import median_ms
+    from .torch_mlp import mlp_bf16
+
+    x, w, sc, sh, idx, gate, residual = args[:7]
+    ours = median_ms(lambda: h3kernels.minimax_h3_mlp_fp8(*args, **ws), reps=10)
+    theirs = median_ms(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
+    print(f"  h3kernels {ours:.3f} ms = {mlp_flops(x.shape[0]) / ours / 1e9:.0f} TFLOP/s; "
+          f"torch eager bf16 {theirs:.3f} ms\n")
+
+
+def check_attention(seqlens, heads=56):
+    """The attention at MiniMax-H3 head count into a poisoned out, against the reference and
+    beside torch's bf16 SDPA (torch_attention.sdpa_bf16), which stands in for the unquantized
+    result. Returns (ok, arguments for time_attention)."""
+    import torch
+
+    import h3kernels
+    from . import reference as R
+    from .compare import attention_reference_misses
+    from .torch_attention import sdpa_bf16
+    from .varlen_attention_fp8 import reference_bound
+
+    q, k, v, cu, cu_host = make_attention_inputs(seqlens, heads)
+    out = torch.full_like(q, float("nan"))
+    h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu, out, cu_seqlens_host=cu_host)
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    bf16_ref = sdpa_bf16(q, k, v, cu_host)
+    err_ref, err_sdpa, ref_sdpa = rel_l2(out, want), rel_l2(out, bf16_ref), rel_l2(want, bf16_ref)
+    misses = attention_reference_misses(out, want, cu_host)
+    print(f"attention (minimax_h3_varlen_attention_fp8), segments {list(seqlens)}, {heads} heads:")
+    print(f"  rel L2 vs reference {err_ref:.4f} (bound {reference_bound(max(seqlens))}: online softmax, P rounds "
+          f"against running maxima); vs torch bf16 SDPA {err_sdpa:.4f} (the reference's own: {ref_sdpa:.4f})")
+    for what, err, bound in misses:
+        print(f"  over its bound: {what}, rel L2 {err:.4f} > {bound}")
+    ok = bool(torch.isfinite(out.float()).all()) and not misses and err_sdpa <= 1.1 * ref_sdpa
+    return ok, (q, k, v, cu, cu_host)
+
+
+def time_attention(q, k, v, cu, cu_host):
+    import h3kernels
+    from .shapes import attention_flops
+    from .timing import median_ms
+    from .torch_attention import sdpa_bf16
+
+    ours = median_ms(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu, cu_seqlens_host=cu_host), reps=10)
+    theirs = median_ms(lambda: sdpa_bf16(q, k, v, cu_host), reps=10)
+    flops = attention_flops([b - a for a, b in zip(cu_host, cu_host[1:])], q.shape[1])
+    print(f"  h3kernels {ours:.3f} ms = {flops / ours / 1e9:.0f} TFLOP/s; torch bf16 SDPA {theirs:.3f} ms\n")

@@ -80,6 +80,11 @@ def f32_from_bf16_hi(w):
     return np.uint32(int(w) & 0xFFFF0000).view(np.float32)
 
 
+def quad_word(quad, h):
+    """Word h (0: bits 0..31, 1: bits 32..63) of a 64-bit bf16 quad, as uint32: a bf16 pair."""
+    return np.uint32((int(quad) >> (32 * int(h))) & 0xFFFFFFFF)
+
+
 def div_rn(a, b):
     return np.float32(np.float32(a) / np.float32(b))
 
@@ -123,7 +128,7 @@ def max_nan(a, b):
 
 host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
                        bf16x2_from_f32=bf16x2_from_f32, f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
-                       e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
+                       quad_word=quad_word, e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
                        div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
 
 
@@ -188,7 +193,7 @@ def primitives():
 
 def _gpu_primitives():
     from llvmlite import ir
-    from numba import cuda, int32, types
+    from numba import cuda, int32, types, uint32, uint64
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
 
@@ -250,6 +255,10 @@ def _gpu_primitives():
         return libdevice.int_as_float(int32(w & 0xFFFF0000))
 
     @cuda.jit(device=True)
+    def g_quad_word(quad, h):
+        return uint32((quad >> uint64(32 * h)) & uint64(0xFFFFFFFF))
+
+    @cuda.jit(device=True)
     def g_e4m3x2_from_f32(lo, hi):
         return _cvt_e4m3x2(lo, hi)
 
@@ -271,6 +280,6 @@ def _gpu_primitives():
 
     return SimpleNamespace(max_nan=g_max_nan, f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
-                           f32_from_bf16_hi=g_f32_from_bf16_hi,
+                           f32_from_bf16_hi=g_f32_from_bf16_hi, quad_word=g_quad_word,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
                            div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, fma_rn=g_fma_rn)

@@ -26,21 +26,16 @@ _kernel = None
 
 
 def _build():
-    from .fp8_bits import device_function, make_quotient, primitives
+    from .fp8_bits import make_quotient, primitives
 
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (
         p.f32_from_bf16, p.bf16_from_f32, p.e4m3x2_from_f32, p.div_rn, p.sqrt_rn, p.fma_rn)
     max_nan = p.max_nan  # a NaN anywhere in the row makes its amax and scale NaN, as the reference's
     # bf16 pairs in 32-bit words: one shift or mask per element to unpack, one cvt per pair to pack
-    bf16x2, lo, hi = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi
+    bf16x2, lo, hi, word = p.bf16x2_from_f32, p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
 
     quotient, _, in_quotient_range = make_quotient(fma_rn, div_rn)  # RN(a / s) by two FMAs
-
-    @device_function
-    def word(quad, h):
-        """Word h (0: bits 0..31, 1: bits 32..63) of a bf16 quad."""
-        return uint32((quad >> uint64(32 * h)) & uint64(0xFFFFFFFF))
 
     @cuda.jit
     def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):

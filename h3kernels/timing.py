@@ -54,6 +54,26 @@ def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
                                  reps=reps, setup=lambda i: cur.update(args=prepared[i % len(prepared)]))
 
 
+def row_stage_vs_copy(sets, a_q, a_s, rounds=5):
+    """The MLP row kernel's effective bandwidth against a torch copy of the same bytes (x read,
+    a_q and a_s written; sets as row_stage_kernel_ms's arg_sets): row_stage_kernel_ms and
+    copy_bandwidth_gbs in alternating rounds, the round with the median kernel/copy bandwidth
+    ratio reported, so that a clock or neighbour change during the run moves both sides. Returns
+    that round's dict(ratio, kernel_ms, kernel_gbs, copy_ms, copy_gbs), plus bytes and rounds
+    (every round's dict, in run order)."""
+    x = sets[0][0]
+    nbytes = sum(t.numel() * t.element_size() for t in (x, a_q, a_s))
+    runs = []
+    for _ in range(rounds):
+        kernel_ms = row_stage_kernel_ms(sets, a_q, a_s)
+        copy_gbs, copy_ms = copy_bandwidth_gbs(nbytes)
+        kernel_gbs = nbytes / (kernel_ms * 1e-3) / 1e9
+        runs.append(dict(ratio=kernel_gbs / copy_gbs, kernel_ms=kernel_ms, kernel_gbs=kernel_gbs, copy_ms=copy_ms,
+                         copy_gbs=copy_gbs))
+    median = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+    return dict(median, bytes=nbytes, rounds=runs)
+
+
 def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
     """Median over `reps` of (time of `batch` back-to-back fn() calls between one pair of CUDA
     events) / batch. Each call's host work overlaps the previous call's GPU work, so per-call
@@ -80,12 +100,12 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
     return statistics.median(times)
 
 
-def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5, per_pass=False):
-    """Median ms of the attention's quantization passes alone: varlen_attention_fp8_quant.launch
-    with the arguments the operator gives it (varlen_attention_fp8.quant_launch_args), into a
-    workspace of our own, back-to-back launches between one pair of events, the batch sized to
-    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors. With per_pass, returns
-    (total, {kernel name: ms}), each pass also timed alone."""
+def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
+    """(total, {kernel name: ms}): median ms of the attention's quantization passes alone, and of
+    each pass alone. varlen_attention_fp8_quant.launch (or one pass) with the arguments the
+    operator gives it (varlen_attention_fp8.quant_launch_args), into a workspace of our own,
+    back-to-back launches between one pair of events, the batch sized to about budget_ms per timed
+    run. q, k, v, cu_seqlens: torch CUDA tensors."""
     import torch
 
     from . import dispatch
@@ -107,8 +127,6 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
         one()
         batch = max(1, min(20, int(budget_ms / max(median_ms(one, warmup=1, reps=3), 1e-3))))
         total = median_ms_batched(one, batch=batch, warmup=1, reps=reps)
-        if not per_pass:
-            return total
         each = {name: median_ms_batched(run, batch=batch, warmup=1, reps=reps)
                 for name, run in quant.passes(*args, stream=stream)}
         return total, each

@@ -48,10 +48,11 @@ def _build():
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
-    lo, hi = p.f32_from_bf16_lo, p.f32_from_bf16_hi
+    lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
     # Q and V divide bf16 values by their own amax / 448; the scale varies per row or channel, so
     # the range test goes with every quotient (a per-row or per-channel branch: no divergence)
     _, quotient_or_div, _ = make_quotient(p.fma_rn, div_rn)
+    key_at = device_function(v_key_at)
 
     @cuda.jit
     def q_kernel(q, q8, s_q, rows):
@@ -67,8 +68,7 @@ def _build():
             quad = uint64(0)
             if base + uint64(i) < rows:
                 quad = q[(base + uint64(i)) * uint64(32) + lane]
-            words[2 * i] = uint32(quad & uint64(0xFFFFFFFF))
-            words[2 * i + 1] = uint32(quad >> uint64(32))
+            words[2 * i], words[2 * i + 1] = word(quad, 0), word(quad, 1)
         for i in range(Q_ROWS_PER_WARP):
             w0, w1 = words[2 * i], words[2 * i + 1]
             red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), lane] = mx(mx(abs(lo(w0)), abs(hi(w0))),
@@ -139,8 +139,8 @@ def _build():
                         vq[i] = v[at + (t0 + uint64(i)) * step]
                 for i in range(BATCH):
                     if t0 + uint64(i) < count:
-                        k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
-                        v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
+                        k0, k1 = word(kq[i], 0), word(kq[i], 1)
+                        v0, v1 = word(vq[i], 0), word(vq[i], 1)
                         t0_, t1_ = float32(t0_ + lo(k0)), float32(t1_ + hi(k0))
                         t2_, t3_ = float32(t2_ + lo(k1)), float32(t3_ + hi(k1))
                         a0_, a1_ = mx(a0_, abs(lo(v0))), mx(a1_, abs(hi(v0)))
@@ -216,7 +216,7 @@ def _build():
         amax = float32(0.0)
         for i in range(KEYS_PER_WARP):
             if w + uint64(KV_WARPS * i) < count:
-                k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
+                k0, k1 = word(kq[i], 0), word(kq[i], 1)
                 amax = mx(mx(amax, mx(abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)))),
                           mx(abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3))))
         red[t] = amax
@@ -232,7 +232,7 @@ def _build():
             if w + uint64(KV_WARPS * i) < count:
                 out = uint32(0)
                 if s > float32(0.0):  # k' is no bf16 value: exact divisions
-                    k0, k1 = uint32(kq[i] & uint64(0xFFFFFFFF)), uint32(kq[i] >> uint64(32))
+                    k0, k1 = word(kq[i], 0), word(kq[i], 1)
                     c0, c1 = div_rn(float32(lo(k0) - m0), s), div_rn(float32(hi(k0) - m1), s)
                     c2, c3 = div_rn(float32(lo(k1) - m2), s), div_rn(float32(hi(k1) - m3), s)
                     out = uint32(e4m3x2(c0, c1) | (e4m3x2(c2, c3) << 16))
@@ -261,26 +261,23 @@ def _build():
         i0, i1, i2, i3 = div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
         load_keys(v, vq, at, step, w, count)
         for i in range(KEYS_PER_WARP):
-            word = uint32(0)
+            codes = uint32(0)
             if w + uint64(KV_WARPS * i) < count:
-                v0, v1 = uint32(vq[i] & uint64(0xFFFFFFFF)), uint32(vq[i] >> uint64(32))
-                word = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
+                v0, v1 = word(vq[i], 0), word(vq[i], 1)
+                codes = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
                                      | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
                                         << 16))
-            tile[w + uint64(KV_WARPS * i), lane] = word
+            tile[w + uint64(KV_WARPS * i), lane] = codes
         cuda.syncthreads()
         col = uint64(4) * lane
         row_words = n * uint64(K_BLOCK // 4)
         for r in range(HEAD_DIM // KV_WARPS):
             c = w + uint64(KV_WARPS * r)
-            word = uint32(0)
+            codes = uint32(0)
             for b in range(4):
-                p = col + uint64(b)
-                key = (((p >> uint64(4)) << uint64(4)) | (((p >> uint64(2)) & uint64(3)) << uint64(1)) | (p & uint64(1))
-                       | (((p >> uint64(1)) & uint64(1)) << uint64(3)))  # v_key_at(p)
-                byte = (tile[key, c >> uint64(2)] >> uint32(8 * (c & uint64(3)))) & uint32(0xFF)
-                word |= byte << uint32(8 * b)
-            v8t[(h * uint64(HEAD_DIM) + c) * row_words + blk * uint64(K_BLOCK // 4) + lane] = word
+                byte = (tile[key_at(col + uint64(b)), c >> uint64(2)] >> uint32(8 * (c & uint64(3)))) & uint32(0xFF)
+                codes |= byte << uint32(8 * b)
+            v8t[(h * uint64(HEAD_DIM) + c) * row_words + blk * uint64(K_BLOCK // 4) + lane] = codes
 
     return q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel
 
@@ -294,8 +291,11 @@ def kernels():
 
 
 def v_key_at(p):
-    """The key (within its 128-key block) that v8t column p of the block holds."""
-    return (p & ~15) | (((p >> 2) & 3) << 1) | (p & 1) | (((p >> 1) & 1) << 3)
+    """The key (within its 128-key block) that v8t column p of the block holds. p: a uint64, or
+    a numpy array of them; v_quant_kernel calls this same function on the GPU, where the
+    constants must be unsigned too (Numba would mix signed and unsigned into float64)."""
+    u = np.uint64
+    return ((p >> u(4)) << u(4)) | (((p >> u(2)) & u(3)) << u(1)) | (p & u(1)) | (((p >> u(1)) & u(1)) << u(3))
 
 
 def v_transposed(v8, cu_seqlens_host):
@@ -303,7 +303,7 @@ def v_transposed(v8, cu_seqlens_host):
     v8 = np.asarray(v8)
     blocks = key_blocks(cu_seqlens_host)
     out = np.zeros((v8.shape[1], HEAD_DIM, len(blocks) * K_BLOCK), np.uint8)
-    key = v_key_at(np.arange(K_BLOCK))
+    key = v_key_at(np.arange(K_BLOCK, dtype=np.uint64)).astype(np.int64)
     for b, (_, first, count) in enumerate(blocks):
         have = key < count
         out[:, :, b * K_BLOCK + np.nonzero(have)[0]] = v8[first + key[have]].transpose(1, 2, 0)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from h3kernels import reference as R
+from h3kernels import numba_check, reference as R
 from h3kernels.shapes import HIDDEN
 from numba.cuda import config
 from test_mlp_fp8 import weights  # noqa: F401 (the module-scoped fixture of prepared weights)
@@ -61,17 +61,11 @@ def row_inputs(m, rows, index, seed, device):
 @settings(max_examples=SIM_EXAMPLES, deadline=None, suppress_health_check=SLOW)
 @given(case=mlp_rows(max_m=3, max_rows=8), seed=st.integers(0, 2**31 - 1))
 def test_simulator_row_kernel_fuzz(case, seed):
-    from test_mlp_fp8_row import assert_same_bits, bits16, flat
-
-    from h3kernels import mlp_fp8_row
+    from test_mlp_fp8_row import assert_same_bits
 
     m, rows, index = case
     x, w, sc, sh, idx, _ = row_inputs(m, rows, index, seed, "cpu")
-    a_q = np.full((m, HIDDEN), 0x7F, np.uint8)
-    a_s = np.full(m, np.nan, np.float32)
-    quads = lambda t: bits16(t).view(np.uint64)
-    mlp_fp8_row.launch(quads(x), quads(w), quads(flat(sc)), quads(flat(sh)), sc.stride(0) // 4, rows,
-                       idx.numpy(), 1e-5, a_q.view(np.uint32), a_s)
+    a_q, a_s = numba_check.row_stage(x, w, sc, sh, idx)
     q, s = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
     assert_same_bits(torch.from_numpy(a_q), q.view(torch.uint8), "a_q")
     assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
@@ -83,10 +77,9 @@ def test_simulator_row_kernel_fuzz(case, seed):
        k_offset=st.sampled_from([0.0, 40.0]), seed=st.integers(0, 2**31 - 1))
 def test_simulator_attention_quantization_fuzz(seqlens, heads, k_offset, seed):
     from test_varlen_attention_fp8 import random_inputs
-    from test_varlen_attention_fp8_quant import compare
 
     q, k, v, _, cu = random_inputs(seqlens, heads, k_offset, seed)
-    compare(q, k, v, cu)
+    assert not numba_check.attention_pass_mismatches(q, k, v, cu)
 
 
 # --- GPU: both operators end to end ----------------------------------------------------------------

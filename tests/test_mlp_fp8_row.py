@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from h3kernels import reference as R
+from h3kernels import numba_check, reference as R
 from h3kernels.demo import make_row_inputs
 from h3kernels.shapes import HIDDEN
 from numba.cuda import config
@@ -45,25 +45,11 @@ def assert_same_bits(got, want, what):
                              f"first (row, col, got, want): {first}")
 
 
-def bits16(t):
-    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
-
-
-def flat(t):
-    return torch.as_strided(t, ((t.shape[0] - 1) * t.stride(0) + t.shape[1],), (1,))
-
-
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
 @pytest.mark.parametrize("m", [1, 3, 17])
 def test_simulator_row_kernel_is_bitwise_equal_to_reference(m):
-    from h3kernels import mlp_fp8_row
-
     x, w, sc, sh, idx = hard_rows(m)
-    a_q = np.full((m, HIDDEN), 0x7F, np.uint8)  # poison: NaN codes
-    a_s = np.full(m, np.nan, np.float32)
-    quads = lambda t: bits16(t).view(np.uint64)
-    mlp_fp8_row.launch(quads(x), quads(w), quads(flat(sc)), quads(flat(sh)), sc.stride(0) // 4, sc.shape[0],
-                       idx.numpy(), 1e-5, a_q.view(np.uint32), a_s)
+    a_q, a_s = numba_check.row_stage(x, w, sc, sh, idx)  # into NaN-poisoned outputs
     q, s = expected(x, w, sc, sh, idx)
     assert_same_bits(torch.from_numpy(a_q), q.view(torch.uint8), "a_q")
     assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
@@ -84,28 +70,18 @@ def nonfinite_rows(device="cpu"):
 
 def nan_codes_alike(q):
     """e4m3 bytes with both NaN codes (0x7F, 0xFF) as 0x7F: a NaN's sign differs between runners."""
-    q = q.view(torch.uint8).cpu()
-    return torch.where((q & 0x7F) == 0x7F, torch.full_like(q, 0x7F), q)
+    return torch.from_numpy(numba_check.nan_codes_alike(q.view(torch.uint8).cpu().numpy()))
 
 
 def assert_scales_match(got, want):
     """Bitwise, except that a NaN scale only has to be a NaN (payloads differ between runners)."""
-    got, want = got.cpu(), want.cpu()
-    assert torch.equal(got.isnan(), want.isnan())
-    ok = ~want.isnan()
-    assert torch.equal(got[ok].view(torch.int32), want[ok].view(torch.int32))
+    assert numba_check.same_scales(got.cpu().numpy(), want.cpu().numpy())
 
 
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
 def test_simulator_nonfinite_rows_give_nan_scales():
-    from h3kernels import mlp_fp8_row
-
     x, w, sc, sh, idx = nonfinite_rows()
-    a_q = np.full((5, HIDDEN), 0x7F, np.uint8)
-    a_s = np.zeros(5, np.float32)
-    quads = lambda t: bits16(t).view(np.uint64)
-    mlp_fp8_row.launch(quads(x), quads(w), quads(flat(sc)), quads(flat(sh)), sc.stride(0) // 4, sc.shape[0],
-                       idx.numpy(), 1e-5, a_q.view(np.uint32), a_s)
+    a_q, a_s = numba_check.row_stage(x, w, sc, sh, idx, scale_poison=0.0)  # NaN scales are expected here
     q, s = expected(x, w, sc, sh, idx)
     assert s[1:4].isnan().all() and not s[0].isnan() and s[4] == float("inf")
     assert_same_bits(nan_codes_alike(torch.from_numpy(a_q)), nan_codes_alike(q), "a_q")

@@ -15,7 +15,8 @@ from h3kernels import reference as R
 from h3kernels.compare import rel_l2
 from h3kernels.shapes import HIDDEN
 from test_mlp_fp8 import check_all, make_inputs, run_op, weights, workspaces  # noqa: F401 (weights: fixture)
-from test_varlen_attention_fp8 import random_inputs
+from h3kernels.varlen_attention_fp8 import reference_bound
+from test_varlen_attention_fp8 import random_inputs, run_op as attention_op
 
 BITS = torch.int16
 
@@ -65,9 +66,9 @@ def test_mlp_extreme_rows(weights):
 
 # --- attention -----------------------------------------------------------------------------------------
 
-def attention(q, k, v, cu, out=None):
-    cu_dev = torch.tensor(cu, dtype=torch.int32, device=q.device)
-    res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu)
+def attention(q, k, v, cu):
+    """The operator into a NaN-poisoned out, so that an element it skips shows."""
+    res = attention_op(q, k, v, torch.tensor(cu, dtype=torch.int32, device=q.device), cu)
     torch.cuda.synchronize()
     return res
 
@@ -90,7 +91,7 @@ def test_attention_extreme_values():
     want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
     assert same_bits(clean[seg(0)], clean[cu[0]].expand(seqlens[0], heads, 128))  # uniform: every row alike
     for i in (0, 2, 3, 4):
-        assert rel_l2(clean[seg(i)], want[seg(i)]) < 0.03, i
+        assert rel_l2(clean[seg(i)], want[seg(i)]) <= reference_bound(seqlens[i]), i
 
     bad_q, bad_k = q.clone(), k.clone()
     tq = cu[4] + 7
@@ -121,10 +122,10 @@ def test_attention_beyond_2_31_elements():
     assert (tokens - 3 * seg_len) * heads * 128 > 2**31
     want = R.minimax_h3_varlen_attention_fp8(q[last], k[last], v[last], [0, seg_len, 2 * seg_len, 3 * seg_len])
     assert torch.isfinite(out[last].float()).all()
-    assert rel_l2(out[last], want) < 0.03
+    assert rel_l2(out[last], want) <= reference_bound(seg_len)
     first = slice(0, 2 * seg_len)
     want0 = R.minimax_h3_varlen_attention_fp8(q[first], k[first], v[first], [0, seg_len, 2 * seg_len])
-    assert rel_l2(out[first], want0) < 0.03
+    assert rel_l2(out[first], want0) <= reference_bound(seg_len)
 
 
 # --- concurrency ---------------------------------------------------------------------------------------
