@@ -228,28 +228,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const float cb0 = c0 * sk, cb1 = c1 * sk;
       const int valid = len - j * BKV;
       float mx0 = m0, mx1 = m1;
-      if (valid >= BKV) {  // warp-uniform: only a segment's last block has keys to mask
+#pragma unroll
+      for (int nt = 0; nt < BKV / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[nt][e] *= cb0;
+          s[nt][2 + e] *= cb1;
+        }
+      }
+      if (valid < BKV) {  // warp-uniform: only a segment's last block has keys to mask
 #pragma unroll
         for (int nt = 0; nt < BKV / 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            s[nt][e] *= cb0;
-            s[nt][2 + e] *= cb1;
-            mx0 = fmaxf(mx0, s[nt][e]);
-            mx1 = fmaxf(mx1, s[nt][2 + e]);
+            if (nt * 8 + 2 * t + e >= valid) s[nt][e] = s[nt][2 + e] = neg_inf();
           }
         }
-      } else {
+      }
 #pragma unroll
-        for (int nt = 0; nt < BKV / 8; ++nt) {
+      for (int nt = 0; nt < BKV / 8; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool ok = nt * 8 + 2 * t + e < valid;
-            s[nt][e] = ok ? s[nt][e] * cb0 : neg_inf();
-            s[nt][2 + e] = ok ? s[nt][2 + e] * cb1 : neg_inf();
-            mx0 = fmaxf(mx0, s[nt][e]);
-            mx1 = fmaxf(mx1, s[nt][2 + e]);
-          }
+        for (int e = 0; e < 2; ++e) {
+          mx0 = fmaxf(mx0, s[nt][e]);
+          mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
 #if H3_ATTN_EXACT_MAX
