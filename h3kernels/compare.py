@@ -47,3 +47,14 @@ def attention_reference_misses(got, want, cu_host):
     if not err <= bound:
         misses.append(("all rows", err, bound))
     return misses
+
+
+def same_bits(a, b):
+    """Whether two tensors of one shape and dtype hold the same bit patterns (NaNs included, -0
+    apart from +0), on any device."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))

@@ -330,13 +330,17 @@ def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
 
 
 def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
-    """launch's passes in order, as (kernel name, thunk) pairs: bench/bench_attention.py times
-    each one."""
+    """launch's passes in order, as (kernel name, thunk) pairs, each launch configured and its
+    array views made once: bench/bench_attention.py times each one."""
     tokens, heads, _ = q.shape
     segments = cu.shape[0] - 1
     qk, kv_block, kv_segment, kq, vq = kernels()
-    cfg = (lambda grid, block: (grid, block) if stream is None else (grid, block, stream))
     out = []
+
+    def add(name, kernel, grid, block, *args):
+        configured = kernel[(grid, block) if stream is None else (grid, block, stream)]
+        out.append((name, lambda: configured(*args)))
+
     rows = tokens * heads
     quads = lambda a: a.reshape(rows * HEAD_DIM).view(np.uint64)  # bf16 [tokens, heads, 128] -> quads
     words = lambda a: a.reshape(a.size).view(np.uint32)
@@ -344,17 +348,13 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     n = blocks.shape[0]
     h64, n64 = np.uint64(heads), np.uint64(n)
     if tokens:
-        out.append(("q_kernel", lambda: qk[cfg(-(-rows // Q_ROWS_PER_CTA), Q_THREADS)](
-            quads(q), words(q8), flat(s_q), np.uint64(rows))))
+        add("q_kernel", qk, -(-rows // Q_ROWS_PER_CTA), Q_THREADS, quads(q), words(q8), flat(s_q), np.uint64(rows))
     if n:
-        out.append(("kv_block_kernel", lambda: kv_block[cfg(-(-n // KV_WARPS) * heads, KV_THREADS)](
-            quads(k), quads(v), blocks, flat(partials), h64, n64)))
+        add("kv_block_kernel", kv_block, -(-n // KV_WARPS) * heads, KV_THREADS, quads(k), quads(v), blocks,
+            flat(partials), h64, n64)
     if segments and tokens:
-        out.append(("kv_segment_kernel", lambda: kv_segment[cfg((segments, heads), HEAD_DIM)](
-            cu, block_offset, partials, mu, s_v)))
+        add("kv_segment_kernel", kv_segment, (segments, heads), HEAD_DIM, cu, block_offset, partials, mu, s_v)
     if n:
-        out.append(("k_quant_kernel", lambda: kq[cfg(n * heads, KV_THREADS)](
-            quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)))
-        out.append(("v_quant_kernel", lambda: vq[cfg(n * heads, KV_THREADS)](
-            quads(v), flat(s_v), blocks, words(v8t), h64, n64)))
+        add("k_quant_kernel", kq, n * heads, KV_THREADS, quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)
+        add("v_quant_kernel", vq, n * heads, KV_THREADS, quads(v), flat(s_v), blocks, words(v8t), h64, n64)
     return out

@@ -8,10 +8,13 @@ from conftest import HAS_GPU
 REPO = Path(__file__).resolve().parents[1]
 
 
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "h3kernels", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
 def test_demo_runs_and_says_what_it_did():
-    args = [sys.executable, "-m", "h3kernels", "demo"] + (["--rows", "1000", "--segments", "300", "0", "1000"]
-                                                          if HAS_GPU else [])
-    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=900)
+    out = cli("demo", *(["--rows", "1000", "--segments", "300", "0", "1000"] if HAS_GPU else []))
     assert out.returncode == 0, out.stdout + out.stderr
     if HAS_GPU:
         assert "0 of 5376000 a_q bytes and 0 of 1000 scales differ" in out.stdout
@@ -19,11 +22,6 @@ def test_demo_runs_and_says_what_it_did():
     else:
         assert "No CUDA GPU found" in out.stdout
         assert "attention reference" in out.stdout and "MLP reference" in out.stdout
-
-
-def cli(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "h3kernels", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout)
 
 
 def test_info_names_the_cache_and_the_device():

@@ -5,7 +5,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from h3kernels import torch_ops
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, cu_seqlens_of
+from h3kernels.compare import same_bits
+from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+from test_varlen_attention_fp8 import random_inputs
 
 
 def mlp_args(m, rows, device):
@@ -28,10 +30,7 @@ def mlp_args(m, rows, device):
 
 
 def attention_args(lens, heads, device):
-    g = torch.Generator().manual_seed(sum(lens))
-    q, k, v = (torch.randn(sum(lens), heads, 128, generator=g).bfloat16().to(device) for _ in range(3))
-    cu = cu_seqlens_of(lens)
-    return q, k, v, torch.tensor(cu, dtype=torch.int32, device=device), cu
+    return random_inputs(lens, heads, seed=sum(lens), device=device)
 
 
 def block(mlp_in, att_in):
@@ -59,11 +58,6 @@ def test_ops_are_registered_with_fake_implementations():
     assert o.shape == (16, 2, 128) and o.dtype == torch.bfloat16
 
 
-def bits_equal(a, b):
-    return torch.equal(a.contiguous().view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                       b.contiguous().view(torch.int16) if b.dtype == torch.bfloat16 else b)
-
-
 @pytest.mark.gpu
 def test_torch_compile_fullgraph_matches_eager():
     mlp_in = mlp_args(300, 8, "cuda")
@@ -73,7 +67,7 @@ def test_torch_compile_fullgraph_matches_eager():
     compiled = torch.compile(block, fullgraph=True)
     got = compiled(mlp_in, att_in)
     torch.cuda.synchronize()
-    assert bits_equal(got[0], want[0]) and bits_equal(got[1], want[1])
+    assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
 
 
 @pytest.mark.gpu
@@ -91,15 +85,15 @@ def test_cuda_graph_replay_matches_eager():
     for _ in range(2):
         graph.replay()
     torch.cuda.synchronize()
-    assert bits_equal(static[0], want[0]) and bits_equal(static[1], want[1])
+    assert same_bits(static[0], want[0]) and same_bits(static[1], want[1])
     # new inputs copied into the captured ones: the replay follows them
     mlp_in[0].copy_(torch.randn_like(mlp_in[0].float()).bfloat16())
     att_in[0].copy_(torch.randn_like(att_in[0].float()).bfloat16())
     want2 = block(mlp_in, att_in)
     graph.replay()
     torch.cuda.synchronize()
-    assert bits_equal(static[0], want2[0]) and bits_equal(static[1], want2[1])
-    assert not bits_equal(want2[1], want[1])
+    assert same_bits(static[0], want2[0]) and same_bits(static[1], want2[1])
+    assert not same_bits(want2[1], want[1])
 
 
 @pytest.mark.gpu
