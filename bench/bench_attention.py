@@ -50,11 +50,11 @@ import time
 
 import torch
 
-from h3kernels.compare import rel_l2
-from h3kernels.demo import make_attention_inputs
-from h3kernels.shapes import H3_HEADS, HEAD_DIM, attention_flops
-from h3kernels.timing import median_ms, median_ms_batched
-from h3kernels.torch_attention import SegmentedSDPA
+from h3kernels.testing.checks import rel_l2
+from h3kernels.cli.demo import make_attention_inputs
+from h3kernels.constants import H3_HEADS, HEAD_DIM, attention_flops
+from h3kernels.testing.timing import median_ms, median_ms_batched
+from h3kernels.peers.torch_attention import SegmentedSDPA
 
 from bench_common import ceiling_tflops, elapsed, host_ms, log, short
 
@@ -320,7 +320,7 @@ def run_ours(r, args, st, dev):
     if not timed:
         return
     try:
-        from h3kernels.timing import attention_quant_kernel_ms
+        from h3kernels.testing.timing import attention_quant_kernel_ms
 
         qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host)
         for o in timed:

@@ -20,7 +20,7 @@ def short(err, n=240):
 
 def ceiling_tflops(dev, form):
     """This GPU's e4m3 mma.sync ceiling (h3kernels.mma_ceiling), or None when it cannot run."""
-    from h3kernels import mma_ceiling
+    from h3kernels.peers import mma_ceiling
 
     return mma_ceiling.ceiling_tflops(dev, form,
                                       on_error=lambda err: log("e4m3 mma.sync ceiling: failed " + short(err)))

@@ -28,11 +28,11 @@ import time
 import torch
 
 from h3kernels import reference as R
-from h3kernels.compare import cos, rel_l2
-from h3kernels.demo import make_row_inputs
-from h3kernels.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
-from h3kernels.shapes import FFN, HIDDEN, mlp_flops
-from h3kernels.timing import median_ms, median_ms_batched
+from h3kernels.testing.checks import cos, rel_l2
+from h3kernels.cli.demo import make_row_inputs
+from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
+from h3kernels.constants import FFN, HIDDEN, mlp_flops
+from h3kernels.testing.timing import median_ms, median_ms_batched
 
 from bench_common import ceiling_tflops, elapsed, log, short
 
@@ -59,7 +59,7 @@ def op_form(dev, requested):
 
         return mlp_fp8.mma_form(dev, requested)
     except Exception:
-        from h3kernels import mma_ceiling
+        from h3kernels.peers import mma_ceiling
 
         return mma_ceiling.supported_forms(dev)[0]
 
@@ -116,7 +116,7 @@ def flags_memset_ms(flags, reps):
 def row_stage_ms(op_sets, a_q, a_s, reps):
     """The row kernel alone (back-to-back launches with prepared arguments); else the public call."""
     try:
-        from h3kernels.timing import row_stage_kernel_ms
+        from h3kernels.testing.timing import row_stage_kernel_ms
 
         return row_stage_kernel_ms([s[:5] for s in op_sets], a_q, a_s, reps=reps), "kernel"
     except Exception as err:

@@ -11,8 +11,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import dispatcher
 dispatcher.get_current_device = lambda: type("D", (), {"compute_capability": (9, 0)})()
-from h3kernels import mlp_fp8_row
-from h3kernels.compile_check import nvdisasm_path
+from h3kernels._launch.numba import mlp_fp8_row
+from h3kernels.cli.compile_check import nvdisasm_path
 z=np.zeros; u64=np.uint64
 args=(z((2,1344),u64), z(1344,u64), z(9000,u64), z(9000,u64), 4032, 3, z(2,np.int64), 1e-5, z((2,1344),np.uint32), z(2,np.float32))
 ptx,_=cuda.compile_ptx(mlp_fp8_row.kernel().py_func, tuple(numba.typeof(a) for a in args), cc=(9,0))

@@ -12,10 +12,10 @@ import torch
 
 import h3kernels
 from h3kernels import torch_ops
-from h3kernels.compare import rel_l2
-from h3kernels.shapes import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN, cu_seqlens_of
-from h3kernels.timing import median_ms
-from h3kernels.torch_mlp import row_stage
+from h3kernels.testing.checks import rel_l2
+from h3kernels.constants import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN, cu_seqlens_of
+from h3kernels.testing.timing import median_ms
+from h3kernels.peers.torch_mlp import row_stage
 
 INNER = H3_HEADS * HEAD_DIM  # 7168: the attention's width (56 heads x 128), wider than the 5376 hidden
 

@@ -1,8 +1,10 @@
 """minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md): the weight preparation, the row
 stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
 FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
-from . import dispatch, reference, validate
-from .shapes import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
+from h3kernels import reference
+from h3kernels._runtime import arrays as dispatch
+from h3kernels._runtime import validate
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
 _WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -98,7 +100,7 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     m = x.shape[0]
     a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
     a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
-    from . import mlp_fp8_row
+    from h3kernels._launch.numba import mlp_fp8_row
 
     with call.numba_device():
         args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
@@ -125,7 +127,7 @@ FC1_SMEM_BYTES = FC1_STAGES * (FC1_TILE[0] + FC1_TILE[1]) * FC1_TILE[2]
 
 def mma_form(device_id, requested=-1):
     """The FP8 mma form for `fp8_mma_form` (contract.md): -1 the board's, 0 legacy, 2 mxf8f6f4."""
-    from . import jit
+    from h3kernels._runtime import compiler as jit
 
     arch = jit.arch_for(jit.device_cc(device_id))
     if isinstance(requested, bool) or requested not in (-1, 0, 2):
@@ -142,7 +144,7 @@ def _launch_gemm(call, kernel, form, tiles, threads, args):
     import cupy
     import numpy as np
 
-    from . import jit
+    from h3kernels._runtime import compiler as jit
 
     f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form}, dynamic_smem=FC1_SMEM_BYTES)
     sms = jit.device_properties(call.device_id)["multiProcessorCount"]
@@ -255,7 +257,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     flags = workspace_flags if workspace_flags is not None else call.empty((fc2_flag_count(m),), dispatch.I32)
     out = out if out is not None else call.empty((m, HIDDEN), dispatch.BF16)
 
-    from . import mlp_fp8_row
+    from h3kernels._launch.numba import mlp_fp8_row
 
     with call.numba_device():
         args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)

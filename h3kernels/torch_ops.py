@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import torch
 
-from .shapes import HIDDEN
+from h3kernels.constants import HIDDEN
 
 
 @torch.library.custom_op("h3kernels::minimax_h3_mlp_fp8", mutates_args=())
@@ -26,7 +26,7 @@ def minimax_h3_mlp_fp8(x: torch.Tensor, x_norm_weight: torch.Tensor, adaln_scale
                        residual: torch.Tensor, fc1_weight_q: torch.Tensor, fc1_weight_scale: torch.Tensor,
                        fc2_weight_q: torch.Tensor, fc2_weight_scale: torch.Tensor, eps: float = 1e-5,
                        fp8_mma_form: int = -1) -> torch.Tensor:
-    from .mlp_fp8 import minimax_h3_mlp_fp8 as op
+    from h3kernels.mlp_fp8 import minimax_h3_mlp_fp8 as op
 
     return op(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
               fc1_weight_scale, fc2_weight_q, fc2_weight_scale, eps=eps, fp8_mma_form=fp8_mma_form)
@@ -43,7 +43,7 @@ def _mlp_fake(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, res
 def minimax_h3_varlen_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                                     cu_seqlens_host: Optional[List[int]] = None,
                                     softmax_scale: Optional[float] = None) -> torch.Tensor:
-    from .varlen_attention_fp8 import minimax_h3_varlen_attention_fp8 as op
+    from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8 as op
 
     return op(q, k, v, cu_seqlens, cu_seqlens_host=cu_seqlens_host, softmax_scale=softmax_scale)
 

@@ -19,9 +19,10 @@ import threading
 
 import numpy as np
 
-from . import dispatch, validate
-from . import varlen_attention_fp8_plan as plan
-from .shapes import HEAD_DIM
+from h3kernels._runtime import arrays as dispatch
+from h3kernels._runtime import validate
+from h3kernels._launch import varlen_attention_fp8_plan as plan
+from h3kernels.constants import HEAD_DIM
 
 # As the #defines of cuda_src/varlen_attention_fp8.cu (tests/test_varlen_attention_fp8.py checks).
 Q_TILE = plan.Q_TILE  # BQ
@@ -227,7 +228,7 @@ def _device_plan(ws, call, cu_host, heads, stream):
         return hit
     if call.capturing:
         raise _capture_error("upload a new segment plan")
-    from .varlen_attention_fp8_quant import key_blocks
+    from h3kernels._launch.numba.varlen_attention_fp8_quant import key_blocks
 
     tiles, block_offset = plan.plan_host(cu_host, heads)
     blocks = key_blocks(cu_host)
@@ -254,7 +255,7 @@ _grid_cap = {}  # (device id, CUfunction) -> SMs x resident CTAs per SM
 
 def mma_form(device_id):
     """kind::f8f6f4 (form 1) on sm_120a, the legacy e4m3 mma elsewhere (issue 4)."""
-    from . import jit
+    from h3kernels._runtime import compiler as jit
 
     return 1 if jit.arch_for(jit.device_cc(device_id)) == "sm_120a" else 0
 
@@ -263,7 +264,7 @@ def _kernel(device_id):
     """The kernel function and its grid cap."""
     from cupy_backends.cuda.api import driver
 
-    from . import jit
+    from h3kernels._runtime import compiler as jit
 
     f = jit.get_function("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
                          {"H3_MMA_FORM": mma_form(device_id), "H3_ATTN_EXACT_MAX": int(EXACT_MAX)},
@@ -279,7 +280,7 @@ def _kernel(device_id):
 def _run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out):
     import cupy
 
-    from . import varlen_attention_fp8_quant as quant  # imports Numba: on first use only
+    from h3kernels._launch.numba import varlen_attention_fp8_quant as quant  # imports Numba: on first use only
 
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1

@@ -6,7 +6,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from h3kernels import mlp_fp8_row, varlen_attention_fp8_quant as quant
+from h3kernels._launch.numba import mlp_fp8_row
+from h3kernels._launch.numba import varlen_attention_fp8_quant as quant
 
 
 def main():

@@ -55,7 +55,7 @@ def all_bf16_amax():
 
 
 if __name__ == "__main__":
-    from h3kernels.fp8_bits import MIN_FAST_SCALE
+    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE
 
     pairs, bad = sweep(all_bf16_amax(), MIN_FAST_SCALE)
     print(f"{pairs} (a, amax) pairs with s >= {MIN_FAST_SCALE}: {bad} e4m3 codes differ from e4m3(RN(a / s))")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from h3kernels import reference as R
-from h3kernels.fp8_bits import host
+from h3kernels._launch.numba.fp8_bits import host
 
 
 def torch_bf16_bits(f32):
@@ -94,7 +94,7 @@ def test_division_free_quotient_gives_the_codes_of_the_division():
     """fp8_bits.make_quotient: every bf16 a against 400 amax values (all 128 bf16 mantissas at two
     exponents, 144 random), through the vectorized model of its two FMAs; tests/quotient_sweep.py
     runs all 32640 amax values (1.04e9 pairs, 0 codes differ)."""
-    from h3kernels.fp8_bits import MIN_FAST_SCALE
+    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE
     from quotient_sweep import all_bf16_amax, sweep
 
     every = all_bf16_amax()
@@ -112,7 +112,7 @@ def test_host_fma_rounds_once():
     """fp8_bits.fma_rn (the simulator's FMA) against exact rational arithmetic, ties included."""
     from fractions import Fraction
 
-    from h3kernels.fp8_bits import fma_rn
+    from h3kernels._launch.numba.fp8_bits import fma_rn
 
     def rn32(v):
         f = np.float32(float(v))  # within an ulp; fix the direction exactly

@@ -21,7 +21,7 @@ def near_midpoints():
 def convert_gpu(v):
     import cupy
 
-    from h3kernels import jit
+    from h3kernels._runtime import compiler as jit
 
     inp = cupy.asarray(v)
     out = cupy.full(v.shape, 0x7F, dtype=cupy.uint8)

@@ -15,8 +15,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from h3kernels import numba_check, reference as R
-from h3kernels.shapes import HIDDEN
+from h3kernels import reference as R
+from h3kernels.testing import simulator as numba_check
+from h3kernels.constants import HIDDEN
 from numba.cuda import config
 from test_mlp_fp8 import weights  # noqa: F401 (the module-scoped fixture of prepared weights)
 

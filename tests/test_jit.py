@@ -3,7 +3,8 @@ import shutil
 
 import pytest
 
-from h3kernels import compile_check, jit
+from h3kernels.cli import compile_check
+from h3kernels._runtime import compiler as jit
 
 
 def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):

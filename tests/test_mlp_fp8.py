@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels import jit, mlp_fp8, reference as R
-from h3kernels.compare import bf16_ulps, cos, rel_l2
-from h3kernels.demo import make_row_inputs, poisoned_mlp_workspaces
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
+from h3kernels import mlp_fp8, reference as R
+from h3kernels._runtime import compiler as jit
+from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
+from h3kernels.cli.demo import make_row_inputs, poisoned_mlp_workspaces
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
 
 def test_gemm_constants_match_the_source_and_fit_sm120():
@@ -21,7 +22,7 @@ def test_gemm_constants_match_the_source_and_fit_sm120():
     assert (define("BM"), define("BN"), define("BK")) == mlp_fp8.FC1_TILE
     assert define("STAGES") == mlp_fp8.FC1_STAGES and define("THREADS") == mlp_fp8.FC1_THREADS
     assert define("PRODUCERS") == mlp_fp8.FC2_PRODUCERS
-    assert (define("CHUNK_COLS"), define("BM")) == (h3kernels.shapes.FC2_FLAG_COLS, h3kernels.shapes.FC2_FLAG_ROWS)
+    assert (define("CHUNK_COLS"), define("BM")) == (h3kernels.constants.FC2_FLAG_COLS, h3kernels.constants.FC2_FLAG_ROWS)
     assert mlp_fp8.FC1_SMEM_BYTES <= 99 * 1024
 
 
@@ -205,7 +206,7 @@ def test_mlp_matches_reference(m, rows, out_mode, caller_ws, weights):
 
 @pytest.mark.gpu
 def test_every_form_gives_the_same_bits(weights):
-    from h3kernels import mma_ceiling
+    from h3kernels.peers import mma_ceiling
 
     inp = make_inputs(300, 8)
     outs = [run_op(inp, weights, None, {}, form) for form in (-1,) + tuple(f for f in mma_ceiling.supported_forms()
@@ -270,7 +271,7 @@ def test_nondefault_torch_stream_and_cupy_inputs(weights):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 129, 1000])
 def test_fc1_kernel_alone(m, weights):
-    from h3kernels import dispatch
+    from h3kernels._runtime import arrays as dispatch
 
     a = torch.randn(m, HIDDEN, device="cuda").bfloat16()
     a_q, a_s = R.quantize_rows(a)

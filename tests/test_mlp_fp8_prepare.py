@@ -5,7 +5,7 @@ import torch
 
 import h3kernels
 from h3kernels import reference as R
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 
 
 @pytest.fixture(scope="module")

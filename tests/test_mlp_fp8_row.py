@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from h3kernels import numba_check, reference as R
-from h3kernels.demo import make_row_inputs
-from h3kernels.shapes import HIDDEN
+from h3kernels import reference as R
+from h3kernels.testing import simulator as numba_check
+from h3kernels.cli.demo import make_row_inputs
+from h3kernels.constants import HIDDEN
 from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)

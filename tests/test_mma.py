@@ -13,7 +13,7 @@ def random_e4m3(shape):
 def test_every_form_matches_float64_and_each_other():
     import cupy
 
-    from h3kernels import mma_ceiling
+    from h3kernels.peers import mma_ceiling
 
     for _ in range(20):
         a, b = random_e4m3((16, 32)), random_e4m3((8, 32))
@@ -33,6 +33,6 @@ def test_every_form_matches_float64_and_each_other():
 
 @pytest.mark.gpu
 def test_ceiling_is_measured():
-    from h3kernels import mma_ceiling
+    from h3kernels.peers import mma_ceiling
 
     assert mma_ceiling.measure_tflops(0, 0, iters=256, reps=3) > 10

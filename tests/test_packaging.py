@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_installed_package_finds_its_sources(tmp_path):
-    probe = ("import json, h3kernels, h3kernels.jit as j; "
+    probe = ("import json, h3kernels, h3kernels._runtime.compiler as j; "
              "print(json.dumps([h3kernels.__file__, str(j.source_dir()), j.sources()]))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
     if out.returncode and "No module named 'h3kernels'" in out.stderr:

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from h3kernels import reference as R
-from h3kernels.compare import cos, rel_l2
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
+from h3kernels.testing.checks import cos, rel_l2
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
 
 def row_inputs(m, rows, seed=None):

@@ -3,9 +3,9 @@
 import torch
 
 from h3kernels import reference as R
-from h3kernels.compare import rel_l2
-from h3kernels.demo import make_attention_inputs
-from h3kernels.torch_attention import sdpa_bf16
+from h3kernels.testing.checks import rel_l2
+from h3kernels.cli.demo import make_attention_inputs
+from h3kernels.peers.torch_attention import sdpa_bf16
 
 
 def test_sdpa_bf16_matches_exact_attention_on_both_paths():

@@ -5,8 +5,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from h3kernels import torch_ops
-from h3kernels.compare import same_bits
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN
+from h3kernels.testing.checks import same_bits
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 from test_varlen_attention_fp8 import random_inputs
 
 

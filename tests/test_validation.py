@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels import jit
-from h3kernels.shapes import FC1_OUT, FFN, HIDDEN, MAX_M
+from h3kernels._runtime import compiler as jit
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M
 from test_mlp_fp8 import weights  # noqa: F401 (the module-scoped fixture of prepared weights)
 
 M, ROWS = 64, 8

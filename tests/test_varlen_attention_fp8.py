@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels import jit
+from h3kernels._runtime import compiler as jit
 from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8 as A
-from h3kernels import varlen_attention_fp8_plan as P
-from h3kernels import varlen_attention_fp8_quant as Q
-from h3kernels.compare import attention_reference_misses, rel_l2
-from h3kernels.shapes import HEAD_DIM, cu_seqlens_of
+from h3kernels._launch import varlen_attention_fp8_plan as P
+from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
+from h3kernels.testing.checks import attention_reference_misses, rel_l2
+from h3kernels.constants import HEAD_DIM, cu_seqlens_of
 
 
 def defines():
@@ -46,7 +46,7 @@ def test_the_sources_default_softmax_is_the_launchers():
 
 @pytest.mark.parametrize("arch,form", [("sm_120a", 1), ("sm_90", 0)])
 def test_the_other_softmax_variant_compiles_without_spills(arch, form):
-    from h3kernels import compile_check
+    from h3kernels.cli import compile_check
 
     _, log, _ = jit.compile_cubin("varlen_attention_fp8", arch, {"H3_MMA_FORM": form,
                                   "H3_ATTN_EXACT_MAX": int(not A.EXACT_MAX)}, ("-Xptxas=-v",), use_cache=False)
@@ -636,7 +636,7 @@ def test_the_benchmarks_reference_rows_are_the_references(monkeypatch):
     (reference_rows); those rows must be the whole-set reference's, bit for bit."""
     import importlib.util
 
-    from h3kernels.jit import source_dir
+    from h3kernels._runtime.compiler import source_dir
 
     path = source_dir().parent / "bench" / "bench_attention.py"
     if not path.is_file():

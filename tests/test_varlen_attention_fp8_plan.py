@@ -1,7 +1,7 @@
 """The attention segment plan: every (query tile, head) once, longest segments first, cached."""
 import numpy as np
 
-from h3kernels import varlen_attention_fp8_plan as P
+from h3kernels._launch import varlen_attention_fp8_plan as P
 
 
 def test_plan_covers_every_query_tile_and_head_once_longest_first():

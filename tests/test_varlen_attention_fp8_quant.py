@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from h3kernels import numba_check
-from h3kernels import varlen_attention_fp8_quant as Q
-from h3kernels.shapes import cu_seqlens_of
+from h3kernels.testing import simulator as numba_check
+from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
+from h3kernels.constants import cu_seqlens_of
 from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
-from .shapes import E4M3_MAX, HIDDEN, ROW_THREADS
+from h3kernels.constants import E4M3_MAX, HIDDEN, ROW_THREADS
 
 QUADS = HIDDEN // 4
 QUADS_PER_THREAD = QUADS // ROW_THREADS
@@ -26,7 +26,7 @@ _kernel = None
 
 
 def _build():
-    from .fp8_bits import make_quotient, primitives
+    from h3kernels._launch.numba.fp8_bits import make_quotient, primitives
 
     p = primitives()
     f32_from_bf16, bf16_from_f32, e4m3x2, div_rn, sqrt_rn, fma_rn = (

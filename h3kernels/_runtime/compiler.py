@@ -30,7 +30,7 @@ class CompileError(RuntimeError):
 def source_dir():
     """cuda_src/ of an installed package (h3kernels/cuda_src) or of a source checkout."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "cuda_src", here.parent / "cuda_src"):
+    for candidate in (here.parent / "cuda_src", here.parent.parent / "cuda_src"):
         if candidate.is_dir() and any(candidate.glob("*.cu")):
             return candidate
     raise FileNotFoundError(f"no cuda_src/ with .cu files beside {here}")

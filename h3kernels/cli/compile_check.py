@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import jit
+from h3kernels._runtime import compiler as jit
 
 SM120_SMEM_LIMIT = 99 * 1024
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")

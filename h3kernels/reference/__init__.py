@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .shapes import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, K_BLOCK, ROW_THREADS, fc1_row_order_numpy
+from h3kernels.constants import E4M3_MAX, FC1_OUT, FFN, HEAD_DIM, HIDDEN, K_BLOCK, ROW_THREADS, fc1_row_order_numpy
 
 F32 = torch.float32
 

@@ -34,7 +34,7 @@ def attention_reference_misses(got, want, cu_host):
     varlen_attention_fp8.reference_bound allows, as (what, rel L2, bound) entries: each segment
     that fits one key block on its own (its bound is the tight one), and the whole set against
     the largest bound of its segments. [] when it is within them all."""
-    from .varlen_attention_fp8 import reference_bound
+    from h3kernels.varlen_attention_fp8 import reference_bound
 
     lens = [b - a for a, b in zip(cu_host, cu_host[1:])]
     misses = []

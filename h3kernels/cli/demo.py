@@ -1,8 +1,8 @@
 """`python -m h3kernels demo`: what exists, run at MiniMax-H3 sizes and checked against the reference."""
 import time
 
-from .compare import bf16_ulps, cos, rel_l2
-from .shapes import HIDDEN
+from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
+from h3kernels.constants import HIDDEN
 
 
 def make_row_inputs(m, rows=50, device="cpu", seed=0):
@@ -24,7 +24,7 @@ def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3):
     cu_seqlens as an int32 tensor on `device` and as a host list."""
     import torch
 
-    from .shapes import HEAD_DIM, cu_seqlens_of
+    from h3kernels.constants import HEAD_DIM, cu_seqlens_of
 
     cu_host = cu_seqlens_of(seqlens)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -38,7 +38,7 @@ def make_mlp_weights(m, rows, seed=2, device="cuda"):
     import torch
 
     import h3kernels
-    from .shapes import FC1_OUT, FFN
+    from h3kernels.constants import FC1_OUT, FFN
 
     g = torch.Generator(device=device).manual_seed(seed)
     w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device=device) * HIDDEN ** -0.5).bfloat16()
@@ -56,7 +56,7 @@ def poisoned_mlp_workspaces(m, device="cuda"):
     import torch
 
     import h3kernels
-    from .shapes import FFN
+    from h3kernels.constants import FFN
 
     nan = float("nan")
     ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device=device),
@@ -72,7 +72,7 @@ def poisoned_mlp_workspaces(m, device="cuda"):
 
 
 def run_cpu(args):
-    from . import reference as R
+    from h3kernels import reference as R
 
     print("No CUDA GPU found: the FP8 kernels need an sm_89, sm_90 or sm_120 GPU.")
     print("Running h3kernels.reference (the CPU oracle) on a small case instead.\n")
@@ -101,7 +101,8 @@ def run_cpu(args):
 def run_gpu(args):
     import torch
 
-    from . import jit, mma_ceiling
+    from h3kernels._runtime import compiler as jit
+    from h3kernels.peers import mma_ceiling
 
     dev = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(dev)
@@ -127,8 +128,8 @@ def check_row_stage(x, w, sc, sh, idx):
     Returns (ok, a_q, a_scale, the reference's (a_q, a_scale) on x's device)."""
     import torch
 
-    from . import reference as R
-    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
+    from h3kernels import reference as R
+    from h3kernels.mlp_fp8 import minimax_h3_mlp_fp8_row_stage
 
     m = x.shape[0]
     ws_q = torch.full((m, HIDDEN), 0x7F, dtype=torch.uint8, device=x.device).view(torch.float8_e4m3fn)
@@ -143,9 +144,9 @@ def check_row_stage(x, w, sc, sh, idx):
 
 
 def time_row_stage(x, w, sc, sh, idx, a_q, a_s):
-    from . import reference as R
-    from .mlp_fp8 import minimax_h3_mlp_fp8_row_stage
-    from .timing import median_ms, row_stage_vs_copy
+    from h3kernels import reference as R
+    from h3kernels.mlp_fp8 import minimax_h3_mlp_fp8_row_stage
+    from h3kernels.testing.timing import median_ms, row_stage_vs_copy
 
     speed = row_stage_vs_copy([(x, w, sc, sh, idx)], a_q, a_s, rounds=1)
     call_ms = median_ms(lambda: minimax_h3_mlp_fp8_row_stage(x, w, sc, sh, idx, workspace_a_q=a_q,
@@ -162,8 +163,8 @@ def check_mlp(x, w, sc, sh, idx, row_ref):
     import torch
 
     import h3kernels
-    from . import reference as R
-    from .shapes import FFN
+    from h3kernels import reference as R
+    from h3kernels.constants import FFN
 
     m = x.shape[0]
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0])
@@ -199,9 +200,9 @@ def check_mlp(x, w, sc, sh, idx, row_ref):
 
 def time_mlp(args, ws, w1, w2):
     import h3kernels
-    from .shapes import mlp_flops
-    from .timing import median_ms
-    from .torch_mlp import mlp_bf16
+    from h3kernels.constants import mlp_flops
+    from h3kernels.testing.timing import median_ms
+    from h3kernels.peers.torch_mlp import mlp_bf16
 
     x, w, sc, sh, idx, gate, residual = args[:7]
     ours = median_ms(lambda: h3kernels.minimax_h3_mlp_fp8(*args, **ws), reps=10)
@@ -217,10 +218,10 @@ def check_attention(seqlens, heads=56):
     import torch
 
     import h3kernels
-    from . import reference as R
-    from .compare import attention_reference_misses
-    from .torch_attention import sdpa_bf16
-    from .varlen_attention_fp8 import reference_bound
+    from h3kernels import reference as R
+    from h3kernels.testing.checks import attention_reference_misses
+    from h3kernels.peers.torch_attention import sdpa_bf16
+    from h3kernels.varlen_attention_fp8 import reference_bound
 
     q, k, v, cu, cu_host = make_attention_inputs(seqlens, heads)
     out = torch.full_like(q, float("nan"))
@@ -240,9 +241,9 @@ def check_attention(seqlens, heads=56):
 
 def time_attention(q, k, v, cu, cu_host):
     import h3kernels
-    from .shapes import attention_flops
-    from .timing import median_ms
-    from .torch_attention import sdpa_bf16
+    from h3kernels.constants import attention_flops
+    from h3kernels.testing.timing import median_ms
+    from h3kernels.peers.torch_attention import sdpa_bf16
 
     ours = median_ms(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu, cu_seqlens_host=cu_host), reps=10)
     theirs = median_ms(lambda: sdpa_bf16(q, k, v, cu_host), reps=10)

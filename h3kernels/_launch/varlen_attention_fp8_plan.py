@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from .shapes import K_BLOCK
+from h3kernels.constants import K_BLOCK
 
 Q_TILE = 128
 TILE_COLS = 5  # start, length, first query, head, segment (cuda_src/varlen_attention_fp8.cu TILE_INTS)

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
-from .shapes import E4M3_MAX, HEAD_DIM, K_BLOCK
+from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 
 Q_WARPS = 8
 Q_ROWS_PER_WARP = 8  # the loads of a warp's rows are all in flight before the first reduction
@@ -43,7 +43,7 @@ _kernels = None
 
 
 def _build():
-    from .fp8_bits import device_function, make_quotient, primitives
+    from h3kernels._launch.numba.fp8_bits import device_function, make_quotient, primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn

@@ -2,7 +2,7 @@
 
 Both benchmarks measure their operator against this ceiling; the tile lets tests check the
 fragment layout and that every mma form gives the same sums."""
-from . import jit
+from h3kernels._runtime import compiler as jit
 
 CHAINS = 8  # as in cuda_src/mma_ceiling.cu
 FLOP_PER_MMA = 2 * 16 * 8 * 32
@@ -27,8 +27,8 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     import cupy
     import numpy as np
 
-    from .dispatch import cupy_stream
-    from .timing import median_ms
+    from h3kernels._runtime.arrays import cupy_stream
+    from h3kernels.testing.timing import median_ms
 
     with cupy.cuda.Device(device_id):
         sms = jit.device_properties(device_id)["multiProcessorCount"]

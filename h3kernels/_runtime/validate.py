@@ -5,7 +5,7 @@ import numbers
 
 import numpy as np
 
-from . import dispatch
+from h3kernels._runtime import arrays as dispatch
 
 
 def fail(name, got, need, exc=ValueError):

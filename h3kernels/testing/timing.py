@@ -40,8 +40,9 @@ def copy_bandwidth_gbs(nbytes, device="cuda", reps=20, batch=10):
 def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
     """Median ms of the MLP row kernel alone: `batch` back-to-back launches with prepared arguments,
     cycling through arg_sets (x, x_norm_weight, adaln_scale, adaln_shift, adaln_index) tuples."""
-    from . import dispatch, mlp_fp8_row
-    from .mlp_fp8 import row_stage_launch_args
+    from h3kernels._runtime import arrays as dispatch
+    from h3kernels._launch.numba import mlp_fp8_row
+    from h3kernels.mlp_fp8 import row_stage_launch_args
 
     prepared, call = [], None
     for args in arg_sets:
@@ -108,10 +109,10 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
     run. q, k, v, cu_seqlens: torch CUDA tensors."""
     import torch
 
-    from . import dispatch
-    from . import varlen_attention_fp8 as attn
-    from . import varlen_attention_fp8_quant as quant
-    from .varlen_attention_fp8_plan import plan_host
+    from h3kernels._runtime import arrays as dispatch
+    from h3kernels import varlen_attention_fp8 as attn
+    from h3kernels._launch.numba import varlen_attention_fp8_quant as quant
+    from h3kernels._launch.varlen_attention_fp8_plan import plan_host
 
     cu = tuple(int(c) for c in cu_seqlens_host)
     tokens, heads = int(q.shape[0]), int(q.shape[1])

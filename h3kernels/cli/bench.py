@@ -26,10 +26,10 @@ def mlp_case(m):
     import torch
 
     import h3kernels
-    from .demo import make_mlp_weights, make_row_inputs
-    from .shapes import mlp_flops
-    from .timing import median_ms_batched
-    from .torch_mlp import mlp_bf16
+    from h3kernels.cli.demo import make_mlp_weights, make_row_inputs
+    from h3kernels.constants import mlp_flops
+    from h3kernels.testing.timing import median_ms_batched
+    from h3kernels.peers.torch_mlp import mlp_bf16
 
     x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0], seed=m)
@@ -44,10 +44,10 @@ def attention_case(seqlens, heads=56):
     import torch
 
     import h3kernels
-    from .demo import make_attention_inputs
-    from .shapes import attention_flops
-    from .timing import median_ms_batched
-    from .torch_attention import sdpa_bf16
+    from h3kernels.cli.demo import make_attention_inputs
+    from h3kernels.constants import attention_flops
+    from h3kernels.testing.timing import median_ms_batched
+    from h3kernels.peers.torch_attention import sdpa_bf16
 
     q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, seed=len(seqlens))
     out = torch.empty_like(q)
@@ -62,9 +62,9 @@ def attention_case(seqlens, heads=56):
 def run(args):
     import torch
 
-    from . import mma_ceiling
-    from .mlp_fp8 import mma_form as mlp_form
-    from .varlen_attention_fp8 import mma_form as attention_form
+    from h3kernels.peers import mma_ceiling
+    from h3kernels.mlp_fp8 import mma_form as mlp_form
+    from h3kernels.varlen_attention_fp8 import mma_form as attention_form
 
     if not args.rows and not args.segments:
         print("nothing to time: give --rows and/or --segments")

@@ -5,8 +5,8 @@ gives them, scales as [1, N]). Plain torch: no quantization contract, no bitwise
 import torch
 import torch.nn.functional as F
 
-from .reference import index_guard
-from .shapes import E4M3_MAX, FFN
+from h3kernels.reference import index_guard
+from h3kernels.constants import E4M3_MAX, FFN
 
 
 def row_stage(x, wn, sc, sh, i, eps):

@@ -9,8 +9,8 @@ NaN signs and payloads differ between runners.
 import numpy as np
 import torch
 
-from . import reference as R
-from .shapes import HIDDEN
+from h3kernels import reference as R
+from h3kernels.constants import HIDDEN
 
 CODE_POISON = 0x7F
 
@@ -43,7 +43,7 @@ def _table_quads(t):
 def row_stage(x, w, sc, sh, idx, eps=1e-5, scale_poison=np.nan):
     """The row kernel on CPU tensors: (a_q uint8 [M, 5376], a_scale f32 [M]) as numpy arrays.
     scale_poison: what a_scale holds before the run (give a finite value where NaN is expected)."""
-    from . import mlp_fp8_row
+    from h3kernels._launch.numba import mlp_fp8_row
 
     m = x.shape[0]
     quads = lambda t: bits16(t).view(np.uint64)
@@ -60,8 +60,8 @@ def row_stage(x, w, sc, sh, idx, eps=1e-5, scale_poison=np.nan):
 def attention_passes(q, k, v, cu):
     """The attention's quantization passes on bf16 CPU tensors q, k, v [tokens, heads, 128] and
     host cu_seqlens: every array of varlen_attention_fp8_quant.launch, as numpy."""
-    from . import varlen_attention_fp8_quant as Q
-    from .varlen_attention_fp8_plan import plan_host
+    from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
+    from h3kernels._launch.varlen_attention_fp8_plan import plan_host
 
     tokens, heads, _ = q.shape
     segs = len(cu) - 1
@@ -107,7 +107,7 @@ def attention_pass_mismatches(q, k, v, cu, out=None):
     that differ from the reference's ([] when all match). s_k is the reference's per key, the
     passes' per 128-key block; v8t holds the reference's v8 in the kernel's layout, zero in the
     padding columns."""
-    from . import varlen_attention_fp8_quant as Q
+    from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
 
     if out is None:
         out = attention_passes(q, k, v, cu)
