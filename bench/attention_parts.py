@@ -11,7 +11,7 @@ import torch
 
 import h3kernels
 from h3kernels._launch.numba import varlen_attention_fp8_quant as quant
-from h3kernels.constants import attention_flops
+from h3kernels.testing.timing import attention_flops
 from h3kernels.testing.timing import attention_quant_kernel_ms, median_ms_batched
 
 from bench_attention import SETS, make_set

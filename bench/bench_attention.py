@@ -51,8 +51,9 @@ import time
 import torch
 
 from h3kernels.testing.checks import rel_l2
-from h3kernels.cli.demo import make_attention_inputs
-from h3kernels.constants import H3_HEADS, HEAD_DIM, attention_flops
+from h3kernels.testing.inputs import make_attention_inputs
+from h3kernels.constants import H3_HEADS, HEAD_DIM
+from h3kernels.testing.timing import attention_flops
 from h3kernels.testing.timing import median_ms, median_ms_batched
 from h3kernels.peers.torch_attention import SegmentedSDPA
 

@@ -13,7 +13,7 @@ import h3kernels
 from h3kernels import mlp_fp8
 from h3kernels._runtime import arrays as dispatch
 from h3kernels.peers import mma_ceiling
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 from h3kernels.testing.timing import median_ms
 

@@ -29,9 +29,10 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels.testing.checks import cos, rel_l2
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
-from h3kernels.constants import FFN, HIDDEN, mlp_flops
+from h3kernels.constants import FFN, HIDDEN
+from h3kernels.testing.timing import mlp_flops
 from h3kernels.testing.timing import median_ms, median_ms_batched
 
 from bench_common import ceiling_tflops, elapsed, log, short

@@ -15,7 +15,7 @@ import torch
 
 from h3kernels import minimax_h3_mlp_fp8_row_stage, reference as R
 from h3kernels._launch.numba import mlp_fp8_row
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.testing.timing import median_ms, row_stage_vs_copy
 
 

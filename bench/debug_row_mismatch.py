@@ -5,7 +5,7 @@ import sys
 import torch
 
 from h3kernels import minimax_h3_mlp_fp8_row_stage, reference as R
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 
 for seed in range(12):
     x, w, sc, sh, idx = make_row_inputs(16384, device="cuda", seed=seed)

@@ -8,7 +8,7 @@ import torch
 
 from h3kernels import minimax_h3_mlp_fp8_row_stage
 from h3kernels._launch.numba import mlp_fp8_row
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 
 args = make_row_inputs(256, device="cuda")
 minimax_h3_mlp_fp8_row_stage(*args)

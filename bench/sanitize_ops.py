@@ -10,7 +10,7 @@ import cupy
 import torch
 
 import h3kernels
-from h3kernels.cli.demo import make_attention_inputs, make_mlp_weights, make_row_inputs
+from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, make_row_inputs
 
 
 def mlp(m):

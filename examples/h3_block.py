@@ -13,7 +13,8 @@ import torch
 import h3kernels
 from h3kernels import torch_ops
 from h3kernels.testing.checks import rel_l2
-from h3kernels.constants import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN, cu_seqlens_of
+from h3kernels.constants import FC1_OUT, FFN, H3_HEADS, HEAD_DIM, HIDDEN
+from h3kernels.testing.inputs import cu_seqlens_of
 from h3kernels.testing.timing import median_ms
 from h3kernels.peers.torch_mlp import row_stage
 

@@ -1,6 +1,4 @@
 """MiniMax-H3 sizes and the FC1 prepacked row order, shared by the kernels, the reference and the tests."""
-import itertools
-
 import numpy as np
 
 HIDDEN = 5376
@@ -39,16 +37,3 @@ FC2_FLAG_COLS = 1024
 
 def fc2_flag_count(m):
     return 1 + -(-int(m) // FC2_FLAG_ROWS) * (FFN // FC2_FLAG_COLS)
-
-
-def mlp_flops(m):
-    return 2 * m * HIDDEN * FC1_OUT + 2 * m * FFN * HIDDEN
-
-
-def cu_seqlens_of(seqlens):
-    """Segment lengths -> the host cu_seqlens list [0, L0, L0 + L1, ...]."""
-    return [0, *itertools.accumulate(int(n) for n in seqlens)]
-
-
-def attention_flops(seqlens, heads):
-    return 4 * sum(int(n) ** 2 for n in seqlens) * heads * HEAD_DIM

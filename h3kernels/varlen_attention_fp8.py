@@ -45,16 +45,6 @@ _ALIGN = 256
 _PLANS_PER_STREAM = 16
 
 
-def reference_bound(seqlen):
-    """The rel L2 from h3kernels.reference that the tests, `check` and the demo hold the output
-    rows of a segment of `seqlen` keys to. 0.005 where P rounds on the reference's grid: the
-    two-pass variant, or a segment of one key block, whose running max is its final max (only the
-    FP32 order and ex2.approx differ). Otherwise 0.03: the online max rounds P on other grids
-    before the row's maximum, about 0.025 on thousands of random keys (issue 4 asked for 0.02;
-    tests/test_varlen_attention_fp8.py keeps that as a strict xfail)."""
-    return 0.005 if EXACT_MAX or seqlen <= BKV else 0.03
-
-
 def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens_host=None, softmax_scale=None):
     """Non-causal FP8 attention over the segments [cu_seqlens[i], cu_seqlens[i + 1]) of packed
     q, k, v (bf16 [tokens, heads, 128], torch CUDA tensors or CuPy arrays). Returns `out` (bf16

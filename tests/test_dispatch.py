@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 
 
 def cpu_args(m=4):

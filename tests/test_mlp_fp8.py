@@ -12,7 +12,8 @@ import h3kernels
 from h3kernels import mlp_fp8, reference as R
 from h3kernels._runtime import compiler as jit
 from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
-from h3kernels.cli.demo import make_row_inputs, poisoned_mlp_workspaces
+from h3kernels.testing.inputs import make_row_inputs
+from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
 

@@ -5,7 +5,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels.testing import simulator as numba_check
-from h3kernels.cli.demo import make_row_inputs
+from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.constants import HIDDEN
 from numba.cuda import config
 

@@ -15,7 +15,7 @@ from h3kernels import reference as R
 from h3kernels.testing.checks import rel_l2, same_bits
 from h3kernels.constants import HIDDEN
 from test_mlp_fp8 import check_all, make_inputs, run_op, weights, workspaces  # noqa: F401 (weights: fixture)
-from h3kernels.varlen_attention_fp8 import reference_bound
+from h3kernels.testing.checks import reference_bound
 from test_varlen_attention_fp8 import random_inputs, run_op as attention_op
 
 # --- MLP ----------------------------------------------------------------------------------------------

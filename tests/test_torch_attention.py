@@ -4,7 +4,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels.testing.checks import rel_l2
-from h3kernels.cli.demo import make_attention_inputs
+from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.peers.torch_attention import sdpa_bf16
 
 

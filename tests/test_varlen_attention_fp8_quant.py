@@ -6,7 +6,7 @@ import torch
 
 from h3kernels.testing import simulator as numba_check
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
-from h3kernels.constants import cu_seqlens_of
+from h3kernels.testing.inputs import cu_seqlens_of
 from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)

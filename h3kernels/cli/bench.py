@@ -26,8 +26,8 @@ def mlp_case(m):
     import torch
 
     import h3kernels
-    from h3kernels.cli.demo import make_mlp_weights, make_row_inputs
-    from h3kernels.constants import mlp_flops
+    from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
+    from h3kernels.testing.timing import mlp_flops
     from h3kernels.testing.timing import median_ms_batched
     from h3kernels.peers.torch_mlp import mlp_bf16
 
@@ -44,8 +44,8 @@ def attention_case(seqlens, heads=56):
     import torch
 
     import h3kernels
-    from h3kernels.cli.demo import make_attention_inputs
-    from h3kernels.constants import attention_flops
+    from h3kernels.testing.inputs import make_attention_inputs
+    from h3kernels.testing.timing import attention_flops
     from h3kernels.testing.timing import median_ms_batched
     from h3kernels.peers.torch_attention import sdpa_bf16
 

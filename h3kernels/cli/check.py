@@ -14,7 +14,8 @@ ATTENTION_SETS = (([1, 127, 128, 129, 0, 700], 8), ([4096] * 4, 56))
 
 
 def run_gpu():
-    from h3kernels.cli.demo import check_attention, check_mlp, check_row_stage, make_row_inputs
+    from h3kernels.cli.demo import check_attention, check_mlp, check_row_stage
+    from h3kernels.testing.inputs import make_row_inputs
 
     results = []
     for m in MLP_ROWS:
@@ -31,7 +32,7 @@ def run_simulator():
     """Set before Numba is imported (this is a fresh process without a GPU)."""
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     from h3kernels.testing import simulator as numba_check
-    from h3kernels.cli.demo import make_attention_inputs, make_row_inputs
+    from h3kernels.testing.inputs import make_attention_inputs, make_row_inputs
 
     m = 8  # row 6 is index-guarded, row 7 zero
     x, w, sc, sh, idx = make_row_inputs(m, rows=4, device="cpu", seed=5)

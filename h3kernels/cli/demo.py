@@ -2,73 +2,9 @@
 import time
 
 from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
+from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, make_row_inputs
+from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.constants import HIDDEN
-
-
-def make_row_inputs(m, rows=50, device="cpu", seed=0):
-    """Random MLP row-stage inputs: AdaLN tables are column chunks of a [rows, 6*5376] projection,
-    and every 7th index (rows 6, 13, ...) is out of range."""
-    import torch
-
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = (torch.randn(m, HIDDEN, generator=g, device=device) * 2).bfloat16()
-    w = (1 + 0.1 * torch.randn(HIDDEN, generator=g, device=device)).bfloat16()
-    mod = (0.5 * torch.randn(rows, 6 * HIDDEN, generator=g, device=device)).bfloat16()
-    idx = torch.randint(0, rows, (m,), generator=g, device=device)
-    idx[6::7] = rows + 3  # from row 6 on: M < 7 runs every row through the GEMMs
-    return x, w, mod[:, HIDDEN:2 * HIDDEN], mod[:, 3 * HIDDEN:4 * HIDDEN], idx
-
-
-def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3):
-    """Random bf16 q, k, v [tokens, heads, 128] packed from segments of the given lengths, and
-    cu_seqlens as an int32 tensor on `device` and as a host list."""
-    import torch
-
-    from h3kernels.constants import HEAD_DIM, cu_seqlens_of
-
-    cu_host = cu_seqlens_of(seqlens)
-    g = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn(cu_host[-1], heads, HEAD_DIM, generator=g, device=device).bfloat16() for _ in range(3))
-    return q, k, v, torch.tensor(cu_host, dtype=torch.int32, device=device), cu_host
-
-
-def make_mlp_weights(m, rows, seed=2, device="cuda"):
-    """gate [rows, 5376], residual [M, 5376], bf16 weights w1, w2 and their prepared e4m3 forms
-    (q1, s1, q2, s2), on `device`."""
-    import torch
-
-    import h3kernels
-    from h3kernels.constants import FC1_OUT, FFN
-
-    g = torch.Generator(device=device).manual_seed(seed)
-    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g, device=device) * HIDDEN ** -0.5).bfloat16()
-    w2 = (torch.randn(HIDDEN, FFN, generator=g, device=device) * FFN ** -0.5).bfloat16()
-    gate = torch.randn(rows, HIDDEN, generator=g, device=device).bfloat16()
-    residual = torch.randn(m, HIDDEN, generator=g, device=device).bfloat16()
-    q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
-    q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
-    return gate, residual, w1, w2, q1, s1, q2, s2
-
-
-def poisoned_mlp_workspaces(m, device="cuda"):
-    """Caller workspaces for minimax_h3_mlp_fp8, every one filled with NaN (codes 0x7F) and the
-    flags with -7, so that an element the operator skips shows."""
-    import torch
-
-    import h3kernels
-    from h3kernels.constants import FFN
-
-    nan = float("nan")
-    ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device=device),
-              workspace_a_scale=torch.full((m,), nan, device=device),
-              workspace_y=torch.full((m, FFN), nan, dtype=torch.bfloat16, device=device),
-              workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device=device),
-              workspace_y_scale=torch.full((m,), nan, device=device),
-              workspace_flags=torch.full((h3kernels.minimax_h3_mlp_fc2_flags(m),), -7, dtype=torch.int32,
-                                         device=device))
-    ws["workspace_a_q"].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
-    ws["workspace_y_q"].view(torch.uint8).fill_(0x7F)
-    return ws
 
 
 def run_cpu(args):
@@ -200,7 +136,7 @@ def check_mlp(x, w, sc, sh, idx, row_ref):
 
 def time_mlp(args, ws, w1, w2):
     import h3kernels
-    from h3kernels.constants import mlp_flops
+    from h3kernels.testing.timing import mlp_flops
     from h3kernels.testing.timing import median_ms
     from h3kernels.peers.torch_mlp import mlp_bf16
 
@@ -221,7 +157,7 @@ def check_attention(seqlens, heads=56):
     from h3kernels import reference as R
     from h3kernels.testing.checks import attention_reference_misses
     from h3kernels.peers.torch_attention import sdpa_bf16
-    from h3kernels.varlen_attention_fp8 import reference_bound
+    from h3kernels.testing.checks import reference_bound
 
     q, k, v, cu, cu_host = make_attention_inputs(seqlens, heads)
     out = torch.full_like(q, float("nan"))
@@ -241,7 +177,7 @@ def check_attention(seqlens, heads=56):
 
 def time_attention(q, k, v, cu, cu_host):
     import h3kernels
-    from h3kernels.constants import attention_flops
+    from h3kernels.testing.timing import attention_flops
     from h3kernels.testing.timing import median_ms
     from h3kernels.peers.torch_attention import sdpa_bf16
 

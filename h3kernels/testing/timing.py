@@ -1,6 +1,8 @@
 """CUDA-event timing on the caller's torch stream: warm-up, then the median of many runs."""
 import statistics
 
+from h3kernels.constants import FC1_OUT, FFN, HEAD_DIM, HIDDEN
+
 
 def median_ms(fn, warmup=3, reps=20, setup=None):
     """Median milliseconds of fn() over `reps` runs; setup(i), if given, runs untimed before run i
@@ -131,3 +133,11 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
         each = {name: median_ms_batched(run, batch=batch, warmup=1, reps=reps)
                 for name, run in quant.passes(*args, stream=stream)}
         return total, each
+
+
+def mlp_flops(m):
+    return 2 * m * HIDDEN * FC1_OUT + 2 * m * FFN * HIDDEN
+
+
+def attention_flops(seqlens, heads):
+    return 4 * sum(int(n) ** 2 for n in seqlens) * heads * HEAD_DIM
