@@ -1,6 +1,6 @@
 """h3kernels: hand-written FP8 CUDA kernels for the MiniMax-H3 diffusion transformer.
 
-Public names follow ../shared/spec/contract.md. CuPy and Numba are imported on first use, so
+Public names follow docs/spec.md. CuPy and Numba are imported on first use, so
 `import h3kernels` works without a GPU.
 """
 from h3kernels.mlp_fp8 import (minimax_h3_mlp_fp8, minimax_h3_mlp_fp8_row_stage, prepare_minimax_h3_fc1_weight_fp8,

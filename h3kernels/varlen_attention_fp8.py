@@ -244,7 +244,7 @@ _grid_cap = {}  # (device id, CUfunction) -> SMs x resident CTAs per SM
 
 
 def mma_form(device_id):
-    """kind::f8f6f4 (form 1) on sm_120a, the legacy e4m3 mma elsewhere (issue 4)."""
+    """kind::f8f6f4 (form 1) on sm_120a, the legacy e4m3 mma elsewhere."""
     from h3kernels._runtime import compiler as jit
 
     return 1 if jit.arch_for(jit.device_cc(device_id)) == "sm_120a" else 0

@@ -1,4 +1,4 @@
-"""examples/h3_block.py: one MiniMax-H3 block, eager and compiled (issue 6, item 4)."""
+"""examples/h3_block.py: one MiniMax-H3 block, eager and compiled."""
 import re
 import subprocess
 import sys

@@ -1,5 +1,5 @@
 """Property-based fuzzing (hypothesis) of shapes, AdaLN rows, indices and segment lists against
-h3kernels.reference (issue 5, item 3).
+h3kernels.reference.
 
 On the GPU both operators run end to end, H3KERNELS_FUZZ_EXAMPLES cases each (default 200), and
 every case goes through the same element-by-element checks as the hand-picked tests

@@ -95,7 +95,7 @@ def check_y(a_q, a_scale, w1_q, w1_scale, y, tag):
     stats = dict(check="y", tag=tag, elements=n, over_1_ulp=worse1, over_2_ulps=worse2, max_ulps=max_ulps,
                  max_ulps_well_conditioned=max_well, unexplained=unexplained)
     log(stats)
-    assert worse1 <= 1e-3 * n, stats  # issue 3: within 1 ulp for at least 99.9% of elements
+    assert worse1 <= 1e-3 * n, stats  # within 1 ulp for at least 99.9% of elements
     assert unexplained == 0, stats
     return stats
 

@@ -1,7 +1,7 @@
 """Every notebook runs top to bottom: with nbclient and an IPython kernel where they are installed
 (CI installs them with the test extra), else as a script of its code cells (IPython magics
 dropped), as on the GPU machine, whose image has no Jupyter. On the GPU at the notebooks' sizes,
-without one on the CPU reference (issue 6)."""
+without one on the CPU reference."""
 import os
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Extreme values, 32-bit index limits and concurrent callers, on the GPU (issue 5, items 1, 4 and 5).
+"""Extreme values, 32-bit index limits and concurrent callers, on the GPU.
 
 A non-finite input poisons only what the contract ties to it: for the MLP its own row; for the
 attention its own query row (a bad q) or its own segment and head (a bad k or v: the key mean and

@@ -1,4 +1,4 @@
-"""minimax_h3_mlp_fp8's argument checks as one table (issue 5, item 1): each bad call raises
+"""minimax_h3_mlp_fp8's argument checks as one table: each bad call raises
 TypeError or ValueError naming the argument, what it got and what it needs, before any launch,
 and `out` and every workspace keep their poison. The attention's table is BAD / BAD_GPU in
 test_varlen_attention_fp8.py, with the same checks.

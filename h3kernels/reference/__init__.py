@@ -1,4 +1,4 @@
-"""CPU (torch) reference of both operators, exactly as ../shared/spec/contract.md defines them.
+"""CPU (torch) reference of both operators, exactly as docs/spec.md defines them.
 
 It is the oracle of every numeric test. It computes on whatever device its inputs live on,
 but it is written for clarity, not speed, and is validated on the CPU.
