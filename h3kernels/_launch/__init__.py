@@ -1,1 +1,1 @@
-"""_launch"""
+"""Private launch layer: the attention's segment plan and the Numba kernels."""

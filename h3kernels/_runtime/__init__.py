@@ -1,1 +1,1 @@
-"""_runtime"""
+"""Private runtime: the torch/CuPy array adapter, NVRTC compilation and its cache, argument-check primitives."""

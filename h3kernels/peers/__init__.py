@@ -1,1 +1,1 @@
-"""peers"""
+"""Torch's own paths timed beside ours, and the mma ceiling of the GPU."""
