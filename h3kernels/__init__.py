@@ -18,8 +18,10 @@ minimax_h3_mlp_fp8_sm120 = minimax_h3_mlp_fp8
 
 
 def minimax_h3_mlp_fc2_flags(m):
-    """Element count of workspace_flags for M rows."""
-    return fc2_flag_count(m)
+    """Element count of workspace_flags for M rows (an int, 1 <= M <= MAX_M)."""
+    from h3kernels._validate.mlp_fp8 import rows
+
+    return fc2_flag_count(rows(m))
 
 
 minimax_h3_mlp_fc2_flags_sm120 = minimax_h3_mlp_fc2_flags

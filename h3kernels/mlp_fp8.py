@@ -2,11 +2,13 @@
 stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
 FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
 from h3kernels import reference
+from h3kernels import _validate as validate
 from h3kernels._runtime import arrays as dispatch
-from h3kernels._runtime import validate
-from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
+from h3kernels._validate import mlp_fp8 as checks
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc2_flag_count
 
-_WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
+# The preparation runs on the weight's own device: CPU or CUDA torch tensors, or CuPy arrays.
+_PREPARE_ARRAYS = validate.Accepted(("torch", "cupy"), "a torch tensor or a CuPy array")
 
 
 def prepare_minimax_h3_fc1_weight_fp8(w1):
@@ -27,17 +29,8 @@ def _prepare(name, w, shape, quantize):
     result is bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
     import torch
 
-    kind = dispatch.kind_of(w)
-    if kind is None:
-        validate.fail(name, type(w).__name__, "a torch tensor or a CuPy array", TypeError)
-    if kind == "torch":
-        if str(w.dtype).replace("torch.", "") not in _WEIGHT_DTYPES:
-            validate.fail(name, w.dtype, "bfloat16, float16 or float32", TypeError)
-    elif w.dtype.name not in _WEIGHT_DTYPES + ("uint16",):
-        validate.fail(name, w.dtype, "bfloat16 (or its uint16 bits), float16 or float32", TypeError)
-    if tuple(w.shape) != shape:
-        validate.fail(name, f"shape {tuple(w.shape)}", f"shape {shape}")
-    if kind == "torch":
+    checks.weight(name, w, shape, _PREPARE_ARRAYS)
+    if dispatch.kind_of(w) == "torch":
         return quantize(w)
     import cupy
 
@@ -57,32 +50,9 @@ def _prepare(name, w, shape, quantize):
 
 def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
                          workspace_a_q=None, workspace_a_scale=None):
-    if dispatch.logical_dtype(x) != dispatch.BF16:
-        validate.fail("x", x.dtype, dispatch.BF16, TypeError)
-    if x.ndim != 2 or x.shape[1] != HIDDEN:
-        validate.fail("x", f"shape {tuple(x.shape)}", f"shape (M, {HIDDEN})")
-    m = x.shape[0]
-    if not 1 <= m <= MAX_M:
-        validate.fail("x", f"M = {m} rows", f"1 <= M <= {MAX_M} (M * 14336 must stay below 2**31)")
-    if not validate.is_contiguous(x):
-        validate.fail("x", f"strides {dispatch.strides_elems(x)}", "a contiguous array")
-    validate.aligned("x", x, 8)  # read as quads of bf16
-    validate.array("x_norm_weight", x_norm_weight, dispatch.BF16, (HIDDEN,))
-    validate.aligned("x_norm_weight", x_norm_weight, 8)
-    validate.table("adaln_scale", adaln_scale, HIDDEN)
-    validate.table("adaln_shift", adaln_shift, HIDDEN)
-    if adaln_shift.shape[0] != adaln_scale.shape[0]:
-        validate.fail("adaln_shift", f"{adaln_shift.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
-    if dispatch.strides_elems(adaln_shift)[0] != dispatch.strides_elems(adaln_scale)[0]:
-        validate.fail("adaln_shift", f"row stride {dispatch.strides_elems(adaln_shift)[0]}",
-                      f"adaln_scale's row stride {dispatch.strides_elems(adaln_scale)[0]}")
-    validate.array("adaln_index", adaln_index, dispatch.I64, (m,))
-    if workspace_a_q is not None:
-        validate.array("workspace_a_q", workspace_a_q, dispatch.E4M3, (m, HIDDEN))
-        validate.aligned("workspace_a_q", workspace_a_q, 4)  # written as quads of e4m3
-    if workspace_a_scale is not None:
-        validate.array("workspace_a_scale", workspace_a_scale, dispatch.F32, (m,))
-    return validate.positive_finite("eps", eps)
+    """Kinds, dtypes, shapes and layout (h3kernels._validate.mlp_fp8); returns eps as a float."""
+    return checks.row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
+                                 workspace_a_q, workspace_a_scale)
 
 
 def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, *,
@@ -92,11 +62,11 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     Returns (a_q e4m3 [M, 5376], a_scale f32 [M]) of the caller's kind, written into the
     workspaces when given. Bitwise equal to h3kernels.reference.
     """
-    named = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
-                 adaln_index=adaln_index, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale)
-    call = dispatch.Call(named)
     eps = check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
                                workspace_a_q, workspace_a_scale)
+    named = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
+                 adaln_index=adaln_index, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale)
+    call = dispatch.Call(named)  # kind and device, once dtypes and shapes are known good
     m = x.shape[0]
     a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
     a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
@@ -184,31 +154,6 @@ def _zero(call, a):
         cupy.cuda.runtime.memsetAsync(dispatch.data_ptr(a), 0, nbytes, call.stream_ptr)
 
 
-def _span(a):
-    """[first byte, one past the last byte) of the memory a's elements occupy."""
-    itemsize = a.element_size() if dispatch.kind_of(a) == "torch" else a.itemsize
-    lo = dispatch.data_ptr(a)
-    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, dispatch.strides_elems(a))))
-
-
-def _check_no_overlap(written, read, may_alias=()):
-    """Every array the operator writes must not share memory with another array of the call,
-    except `out`, which may be exactly one of `may_alias` (the epilogue reads a residual element
-    before it writes that element)."""
-    arrays = {**written, **read}
-    for wn, w in written.items():
-        wlo, whi = _span(w)
-        for other, o in arrays.items():
-            if other == wn:
-                continue
-            olo, ohi = _span(o)
-            if wlo < ohi and olo < whi:
-                if (wn, other) in may_alias and (wlo, whi) == (olo, ohi) and tuple(w.shape) == tuple(o.shape):
-                    continue
-                validate.fail(wn, f"memory that overlaps {other}",
-                              "its own memory" + (" (out may be residual or x)" if wn == "out" else ""))
-
-
 def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual,
                       fc1_weight_q, fc1_weight_scale, fc2_weight_q, fc2_weight_scale, *, out=None,
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
@@ -223,31 +168,10 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
                  workspace_flags=workspace_flags)
-    call = dispatch.Call({**inputs, **given})
-    eps = check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
-                               workspace_a_q, workspace_a_scale)
-    m = x.shape[0]
-    validate.table("gate", gate, HIDDEN)
-    if gate.shape[0] != adaln_scale.shape[0]:
-        validate.fail("gate", f"{gate.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
-    validate.array("residual", residual, dispatch.BF16, (m, HIDDEN))
-    validate.array("fc1_weight_q", fc1_weight_q, dispatch.E4M3, (FC1_OUT, HIDDEN))
-    validate.array("fc1_weight_scale", fc1_weight_scale, dispatch.F32, (FC1_OUT,))
-    validate.array("fc2_weight_q", fc2_weight_q, dispatch.E4M3, (HIDDEN, FFN))
-    validate.array("fc2_weight_scale", fc2_weight_scale, dispatch.F32, (HIDDEN,))
-    for name, shape, dtype in (("out", (m, HIDDEN), dispatch.BF16), ("workspace_y", (m, FFN), dispatch.BF16),
-                               ("workspace_y_q", (m, FFN), dispatch.E4M3), ("workspace_y_scale", (m,), dispatch.F32),
-                               ("workspace_flags", (fc2_flag_count(m),), dispatch.I32)):
-        if given[name] is not None:
-            validate.array(name, given[name], dtype, shape)
-    for name, a, nbytes in (("residual", residual, 4), ("out", out, 4), ("fc1_weight_q", fc1_weight_q, 16),
-                            ("fc2_weight_q", fc2_weight_q, 16), ("workspace_y", workspace_y, 16),
-                            ("workspace_y_q", workspace_y_q, 16), ("workspace_a_q", workspace_a_q, 16)):
-        if a is not None:
-            validate.aligned(name, a, nbytes)
+    eps = checks.mlp_args(**inputs, **given, eps=eps, fp8_mma_form=fp8_mma_form)
+    call = dispatch.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
     form = mma_form(call.device_id, fp8_mma_form)
-    _check_no_overlap({k: v for k, v in given.items() if v is not None}, inputs,
-                      may_alias={("out", "residual"), ("out", "x")})
+    m = x.shape[0]
 
     a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
     a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)

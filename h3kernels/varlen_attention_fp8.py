@@ -14,13 +14,12 @@ use, which the next call waits on: a CUDA stream handle can be reused by a new s
 old one is destroyed, possibly with work still pending.
 """
 import collections
-import math
 import threading
 
 import numpy as np
 
 from h3kernels._runtime import arrays as dispatch
-from h3kernels._runtime import validate
+from h3kernels._validate import varlen_attention_fp8 as checks
 from h3kernels._launch import varlen_attention_fp8_plan as plan
 from h3kernels.constants import HEAD_DIM
 
@@ -52,8 +51,10 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     current stream; with `cu_seqlens_host` (a host copy of cu_seqlens) there is no device sync,
     without it one device-to-host copy of cu_seqlens. `out` may alias q, k or v: the kernel reads
     only the quantized copies."""
-    call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))
-    tokens, heads, scale, cu_host = check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+    tokens, heads, scale, cu_host = check_call(None, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale)
+    call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
+    if cu_host is None:
+        cu_host = host_seqlens(call, cu_seqlens, None, tokens)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), dispatch.BF16)
     if tokens == 0:
         return res
@@ -64,74 +65,38 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
 
 
-def check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale):
-    """Every argument check, before anything is launched: (tokens, heads, softmax scale, cu_seqlens
-    as a tuple). `call` is used only to read cu_seqlens back when cu_seqlens_host is None."""
+def check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form=-1):
+    """Every argument check but the devices (h3kernels._validate.varlen_attention_fp8), before
+    anything is launched: (tokens, heads, softmax scale, cu_seqlens as a tuple). Without
+    cu_seqlens_host, cu_seqlens is read back through `call`; with `call` None it is left to
+    host_seqlens once the call is open (kind and device checked), and the tuple is None."""
     tokens, heads = check_args(q, k, v, cu_seqlens, out)
-    if softmax_scale is None:
-        scale = 1.0 / math.sqrt(HEAD_DIM)
-    else:
-        scale = validate.positive_finite("softmax_scale", softmax_scale)
+    scale = checks.softmax_scale(softmax_scale)
+    checks.fp8_mma_form(fp8_mma_form)
+    if cu_seqlens_host is None and call is None:
+        return tokens, heads, scale, None
     return tokens, heads, scale, host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)
 
 
 def check_args(q, k, v, cu_seqlens, out):
-    """Shapes, dtypes and layout; returns (tokens, heads). Kind and device are dispatch.Call's."""
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if dispatch.logical_dtype(a) != dispatch.BF16:
-            validate.fail(name, a.dtype, dispatch.BF16, TypeError)
-    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
-        validate.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
-    for name, a in (("k", k), ("v", v)):
-        if tuple(a.shape) != tuple(q.shape):
-            validate.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if not validate.is_contiguous(a):
-            validate.fail(name, f"strides {dispatch.strides_elems(a)}", "a contiguous array")
-        validate.aligned(name, a, 8)  # the quantization passes read bf16 quads
-    if dispatch.logical_dtype(cu_seqlens) != dispatch.I32:
-        validate.fail("cu_seqlens", cu_seqlens.dtype, dispatch.I32, TypeError)
-    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
-        validate.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
-    if out is not None:
-        validate.array("out", out, dispatch.BF16, tuple(q.shape))
-        validate.aligned("out", out, 4)  # written as pairs of bf16
-    return int(q.shape[0]), int(q.shape[1])
+    """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are dispatch.Call's."""
+    return checks.check_args(q, k, v, cu_seqlens, out)
 
 
 def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
     """cu_seqlens as a tuple of ints, checked: from cu_seqlens_host when given (compared with
     cu_seqlens only by length: reading it back would sync), else one device-to-host copy."""
-    name = "cu_seqlens_host"
-    if cu_seqlens_host is None:
-        name = "cu_seqlens"
+
+    def read_back():
         if call.capturing:
             raise RuntimeError("minimax_h3_varlen_attention_fp8: cu_seqlens_host is needed while a CUDA graph is "
                                "being captured (reading cu_seqlens back would synchronize)")
         if call.kind == "torch":
-            cu_seqlens_host = cu_seqlens.cpu().tolist()  # on torch's current stream, which is ours
-        else:
-            with call.active():
-                cu_seqlens_host = cu_seqlens.get().tolist()  # synchronous, on the caller's stream
-    elif dispatch.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
-        validate.fail(name, f"a {dispatch.kind_of(cu_seqlens_host)} device array", "a host sequence of ints",
-                      TypeError)
-    elif hasattr(cu_seqlens_host, "tolist"):  # numpy array or CPU tensor
-        cu_seqlens_host = cu_seqlens_host.tolist()
-    try:
-        cu = tuple(int(c) for c in cu_seqlens_host)
-    except (TypeError, ValueError):
-        validate.fail(name, type(cu_seqlens_host).__name__, "a sequence of ints", TypeError)
-    if len(cu) != cu_seqlens.shape[0]:
-        validate.fail(name, f"{len(cu)} entries", f"{cu_seqlens.shape[0]}, as cu_seqlens")
-    if cu[0] != 0:
-        validate.fail(name, f"first entry {cu[0]}", "0")
-    if any(b < a for a, b in zip(cu, cu[1:])):
-        i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
-        validate.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
-    if cu[-1] != tokens:
-        validate.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} (q.shape[0])")
-    return cu
+            return cu_seqlens.cpu().tolist()  # on torch's current stream, which is ours
+        with call.active():
+            return cu_seqlens.get().tolist()  # synchronous, on the caller's stream
+
+    return checks.host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back)
 
 
 # --- workspace ---------------------------------------------------------------------------
@@ -162,6 +127,7 @@ def _workspace(device_id, stream_ptr):
 def workspace_bytes(device=None):
     """Bytes now held by the attention's quantized-operand buffers on `device` (an int, 'cuda:N',
     a torch.device or a CuPy Device; None: the current device), summed over its streams."""
+    checks.device(device)  # a bad argument is refused even while nothing is held
     with _lock:
         if not _workspaces:
             return 0
@@ -171,26 +137,12 @@ def workspace_bytes(device=None):
 
 
 def _device_id(device):
-    if device is None:
+    dev = checks.device(device)
+    if dev is None:
         import cupy
 
         return cupy.cuda.runtime.getDevice()
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    if isinstance(device, str):  # before the attribute probes: str has an .index method
-        if device == "cuda":
-            return _device_id(None)
-        if device.startswith("cuda:") and device[5:].isascii() and device[5:].isdecimal():
-            return int(device[5:])
-        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
-    idx = getattr(device, "index", None)  # torch.device
-    if idx is None:
-        idx = getattr(device, "id", None)  # cupy Device
-    if idx is None:
-        if getattr(device, "type", None) == "cuda":
-            return _device_id(None)
-        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
-    return int(idx)
+    return dev
 
 
 def layout(tokens, heads, segments, key_blocks):

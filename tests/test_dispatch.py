@@ -67,7 +67,7 @@ def test_bad_arguments_raise_before_launch_and_write_nothing(name, mutate, exc, 
 
 @pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), 1e-50, 1e300])
 def test_eps_must_be_positive_and_finite_in_fp32(eps):
-    from h3kernels._runtime import validate
+    from h3kernels import _validate as validate
 
     with pytest.raises(ValueError, match="eps: got"):
         validate.positive_finite("eps", eps)

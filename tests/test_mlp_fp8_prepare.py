@@ -33,7 +33,7 @@ def test_cpu_tensors_give_the_reference(weights):
 
 
 @pytest.mark.parametrize("w,exc,msg", [
-    (np.zeros((FC1_OUT, HIDDEN), np.float32), TypeError, "w1: got ndarray; need a torch tensor or a CuPy array"),
+    (np.zeros((FC1_OUT, HIDDEN), np.float32), TypeError, "w1: got numpy.ndarray; need a torch tensor or a CuPy array"),
     (torch.zeros(FC1_OUT, 8), ValueError, r"w1: got shape \(28672, 8\); need shape \(28672, 5376\)"),
     (torch.zeros(4, 4, dtype=torch.int32), TypeError, "w1: got torch.int32; need bfloat16, float16 or float32"),
 ])

@@ -81,7 +81,7 @@ def test_attention_extreme_values():
     clean = attention(q, k, v, cu)
     assert torch.isfinite(clean.float()).all()
     assert (clean[seg(1)].float() == 0).all()
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    want = R.attention_fp8(q, k, v, cu)
     assert same_bits(clean[seg(0)], clean[cu[0]].expand(seqlens[0], heads, 128))  # uniform: every row alike
     for i in (0, 2, 3, 4):
         assert rel_l2(clean[seg(i)], want[seg(i)]) <= reference_bound(seqlens[i]), i
@@ -113,11 +113,11 @@ def test_attention_beyond_2_31_elements():
     out = attention(q, k, v, cu)
     last = slice(tokens - 3 * seg_len, tokens)
     assert (tokens - 3 * seg_len) * heads * 128 > 2**31
-    want = R.minimax_h3_varlen_attention_fp8(q[last], k[last], v[last], [0, seg_len, 2 * seg_len, 3 * seg_len])
+    want = R.attention_fp8(q[last], k[last], v[last], [0, seg_len, 2 * seg_len, 3 * seg_len])
     assert torch.isfinite(out[last].float()).all()
     assert rel_l2(out[last], want) <= reference_bound(seg_len)
     first = slice(0, 2 * seg_len)
-    want0 = R.minimax_h3_varlen_attention_fp8(q[first], k[first], v[first], [0, seg_len, 2 * seg_len])
+    want0 = R.attention_fp8(q[first], k[first], v[first], [0, seg_len, 2 * seg_len])
     assert rel_l2(out[first], want0) <= reference_bound(seg_len)
 
 

@@ -276,7 +276,7 @@ def emulation_case():
     q, k, v, _, cu = random_inputs(seqlens, heads, k_offset=20.0, seed=1)
     tiles, block_offset = P.plan_host(cu, heads)
     args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * A.LOG2E))
-    return args, R.minimax_h3_varlen_attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
+    return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
 
 
 def test_emulated_kernel_with_exact_max_matches_the_reference(emulation_case):
@@ -438,7 +438,7 @@ def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=Tru
     got = run_op(q, k, v, cu_dev, cu, host=host, give_out=give_out)
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()  # every element written, none NaN
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)  # on the GPU tensors
+    want = R.attention_fp8(q, k, v, cu)  # on the GPU tensors
     exact = exact_chunked(q, k, v, cu)
     err_exact, ref_exact = rel_l2(got, exact), rel_l2(want, exact)
     assert err_exact <= 1.1 * ref_exact, (err_exact, ref_exact)
@@ -480,7 +480,7 @@ def test_online_softmax_meets_0p02_on_long_segments(monkeypatch):
     monkeypatch.setattr(A, "EXACT_MAX", False)
     q, k, v, cu_dev, cu = random_inputs([4096], 8, seed=37, device="cuda")
     got = run_op(q, k, v, cu_dev, cu)
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    want = R.attention_fp8(q, k, v, cu)
     assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
 
 
@@ -511,7 +511,7 @@ def test_softmax_scale_and_zero_scales():
     k[200:330, 1] = 2.5
     v[:, 2, 7] = 0  # a zero V channel: s_v = 0
     got = run_op(q, k, v, cu_dev, cu, softmax_scale=0.3)
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.3)
+    want = R.attention_fp8(q, k, v, cu, softmax_scale=0.3)
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()
     assert rel_l2(got, want) <= 0.02
@@ -647,7 +647,7 @@ def test_the_benchmarks_reference_rows_are_the_references(monkeypatch):
     monkeypatch.syspath_prepend(str(path.parent))  # its sibling bench_common, as when run as a script
     spec.loader.exec_module(bench)
     q, k, v, _, cu = random_inputs([5, 0, 200, 130], 3, k_offset=5.0, seed=29)
-    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, softmax_scale=0.2)
+    want = R.attention_fp8(q, k, v, cu, softmax_scale=0.2)
     idx = torch.tensor([0, 4, 5, 6, 100, 204, 205, 300, 334])
     got = bench.reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
     assert torch.equal(got.view(torch.int16), want[idx].view(torch.int16))

@@ -1,0 +1,169 @@
+"""Argument checks that run before any work. Each failure names the argument, what it got and
+what it needs, as TypeError (not an array of an accepted kind, wrong dtype or Python type) or
+ValueError (wrong shape, layout, value or device).
+
+The order is the same everywhere: first whether every argument is an array of a kind the
+operator accepts at all (`arrays`), then dtypes, shapes and layout, and only then the devices
+(`_runtime.arrays.Call` for the GPU operators, `one_device` for the reference), so that a
+wrong dtype or shape is reported as such wherever the arrays live. The per-operator checks are
+in mlp_fp8.py and varlen_attention_fp8.py beside this module; the GPU operators and
+h3kernels.reference both call them.
+"""
+import math
+import numbers
+
+import numpy as np
+
+from h3kernels._runtime import arrays as dispatch
+
+
+class Accepted:
+    """The array kinds an operator takes ('torch', 'cupy') and how its messages name them."""
+
+    def __init__(self, kinds, need):
+        self.kinds, self.need = tuple(kinds), need
+
+
+GPU_ARRAYS = Accepted(("torch", "cupy"), "a torch CUDA tensor or a CuPy array")
+TORCH_TENSORS = Accepted(("torch",), "a torch tensor")
+
+
+def fail(name, got, need, exc=ValueError):
+    raise exc(f"{name}: got {got}; need {need}")
+
+
+def type_name(v):
+    """How a message names a non-array argument: None, list, numpy.ndarray, ..."""
+    if v is None:
+        return "None"
+    t = type(v)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+
+
+def arrays(accepted, required, optional=None):
+    """Every value of `required` ({name: value}) is an array of an accepted kind; every value of
+    `optional` is one or None."""
+    for name, a in {**required, **(optional or {})}.items():
+        if a is None and name not in required:
+            continue
+        if dispatch.kind_of(a) not in accepted.kinds:
+            fail(name, type_name(a), accepted.need, TypeError)
+
+
+def dtype(name, a, want):
+    if dispatch.logical_dtype(a) != want:
+        fail(name, a.dtype, want, TypeError)
+
+
+def array(name, a, dtype_, shape, contiguous=True):
+    """An array of the contract dtype `dtype_` and exactly `shape`."""
+    dtype(name, a, dtype_)
+    if tuple(a.shape) != tuple(shape):
+        fail(name, f"shape {tuple(a.shape)}", f"shape {tuple(shape)}")
+    if contiguous:
+        contiguous_(name, a)
+
+
+def contiguous_(name, a):
+    if not is_contiguous(a):
+        fail(name, f"strides {dispatch.strides_elems(a)}", "a contiguous array")
+
+
+def is_contiguous(a):
+    if dispatch.kind_of(a) == "torch":
+        return a.is_contiguous()
+    return a.flags.c_contiguous
+
+
+def table(name, a, cols):
+    """A [rows, cols] bf16 table view: unit column stride, 16-byte-aligned base and row pitch."""
+    dtype(name, a, dispatch.BF16)
+    if a.ndim != 2 or a.shape[1] != cols or a.shape[0] < 1:
+        fail(name, f"shape {tuple(a.shape)}", f"shape (rows >= 1, {cols})")
+    rs, cs = dispatch.strides_elems(a)
+    if cs != 1:
+        fail(name, f"column stride {cs}", "column stride 1")
+    if (rs * 2) % 16 or rs < cols:
+        fail(name, f"row pitch {rs * 2} bytes", "a row pitch that is a multiple of 16 bytes, >= one row")
+    if dispatch.data_ptr(a) % 16:
+        fail(name, f"base address {dispatch.data_ptr(a):#x}", "a 16-byte-aligned base")
+
+
+def aligned(name, a, nbytes):
+    """The kernels read whole 4-, 8- or 16-byte words: the base address must allow it."""
+    if dispatch.data_ptr(a) % nbytes:
+        article = "an" if nbytes == 8 else "a"
+        fail(name, f"base address {dispatch.data_ptr(a):#x}", f"{article} {nbytes}-byte-aligned base")
+
+
+def positive_finite(name, v):
+    """A float that stays positive and finite in FP32 (the kernels use it as float32)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        fail(name, repr(v), "a positive finite float", TypeError)
+    f = float(v)
+    if not (math.isfinite(f) and f > 0 and 0 < float(np.float32(f)) < math.inf):
+        fail(name, repr(v), "a positive float, finite and nonzero in FP32")
+    return f
+
+
+def int_in(name, v, lo, hi):
+    """An int (or numpy integer; not a bool) in [lo, hi], returned as int."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        fail(name, repr(v), f"an int in [{lo}, {hi}]", TypeError)
+    if not lo <= v <= hi:
+        fail(name, v, f"an int in [{lo}, {hi}]")
+    return int(v)
+
+
+def one_of(name, v, allowed):
+    """v is one of the ints `allowed` (a bool is not an int here)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) not in allowed:
+        words = ", ".join(str(a) for a in allowed[:-1]) + f" or {allowed[-1]}"
+        fail(name, repr(v), words)
+    return int(v)
+
+
+def one_device(named):
+    """The reference's device rule: torch tensors, all on one device (the CPU is where it is
+    checked; a CUDA device serves the GPU tests' oracle). None values are skipped."""
+    first = None
+    for name, a in named.items():
+        if a is None:
+            continue
+        if first is None:
+            first = (name, a.device)
+        elif a.device != first[1]:
+            fail(name, f"a tensor on {a.device} while {first[0]} is on {first[1]}", "one device")
+
+
+def _device_key(a):
+    return ("torch", str(a.device)) if dispatch.kind_of(a) == "torch" else ("cupy", a.device.id)
+
+
+def span(a):
+    """[first byte, one past the last byte) of the memory a's elements occupy; None if it has none."""
+    if any(n == 0 for n in a.shape):
+        return None
+    itemsize = a.element_size() if dispatch.kind_of(a) == "torch" else a.itemsize
+    lo = dispatch.data_ptr(a)
+    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, dispatch.strides_elems(a))))
+
+
+def no_overlap(written, read, may_alias=()):
+    """Every array an operator writes must not share memory with another array of the call,
+    except pairs (written, other) of `may_alias`, which may be exactly the same array (the MLP
+    epilogue reads a residual element before it writes that element). Arrays on different
+    devices never overlap."""
+    everything = {**written, **read}
+    for wn, w in written.items():
+        ws = span(w)
+        for other, o in everything.items():
+            os_ = span(o)
+            if other == wn or ws is None or os_ is None or _device_key(o) != _device_key(w):
+                continue
+            if ws[0] < os_[1] and os_[0] < ws[1]:
+                if (wn, other) in may_alias and ws == os_ and tuple(w.shape) == tuple(o.shape):
+                    continue
+                alias = sorted(b for a, b in may_alias if a == wn)
+                fail(wn, f"memory that overlaps {other}",
+                     "its own memory" + (f" ({wn} may be {' or '.join(alias)})" if alias else ""))

@@ -1,0 +1,102 @@
+"""The attention's argument checks, shared by h3kernels.varlen_attention_fp8 and
+h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens), the scalars
+(softmax_scale, fp8_mma_form) and workspace_bytes' device argument (device)."""
+import math
+
+from h3kernels import _validate as v
+from h3kernels._runtime import arrays as dispatch
+from h3kernels.constants import HEAD_DIM
+
+FP8_MMA_FORMS = (-1, 0, 2)
+
+
+def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
+    """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are the caller's to check."""
+    v.arrays(accepted, dict(q=q, k=k, v=v_, cu_seqlens=cu_seqlens), dict(out=out))
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.dtype(name, a, dispatch.BF16)
+    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
+        v.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
+    for name, a in (("k", k), ("v", v_)):
+        if tuple(a.shape) != tuple(q.shape):
+            v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.contiguous_(name, a)
+        v.aligned(name, a, 8)  # the quantization passes read bf16 quads
+    v.dtype("cu_seqlens", cu_seqlens, dispatch.I32)
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        v.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
+    if out is not None:
+        v.array("out", out, dispatch.BF16, tuple(q.shape))
+        v.aligned("out", out, 4)  # written as pairs of bf16
+    return int(q.shape[0]), int(q.shape[1])
+
+
+def softmax_scale(scale):
+    """None (1 / sqrt(128)) or a positive float, finite in FP32; returned as a float."""
+    if scale is None:
+        return 1.0 / math.sqrt(HEAD_DIM)
+    return v.positive_finite("softmax_scale", scale)
+
+
+def fp8_mma_form(form):
+    """-1 (the board's), 0 (legacy e4m3 mma) or 2 (kind::f8f6f4); whether the board has the form
+    is the launcher's to check, once the device is known."""
+    return v.one_of("fp8_mma_form", form, FP8_MMA_FORMS)
+
+
+def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):
+    """cu_seqlens as a tuple of ints, checked: from cu_seqlens_host when given (compared with
+    cu_seqlens only by length: reading it back would sync), else from read_back(), which returns
+    cu_seqlens' values (the caller's device-to-host copy)."""
+    name = "cu_seqlens_host"
+    if cu_seqlens_host is None:
+        name, cu_seqlens_host = "cu_seqlens", read_back()
+    elif dispatch.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
+        v.fail(name, f"a {dispatch.kind_of(cu_seqlens_host)} device array", "a host sequence of ints", TypeError)
+    elif hasattr(cu_seqlens_host, "tolist"):  # numpy array or CPU tensor
+        cu_seqlens_host = cu_seqlens_host.tolist()
+    try:
+        cu = tuple(int(c) for c in cu_seqlens_host)
+    except (TypeError, ValueError):
+        v.fail(name, type(cu_seqlens_host).__name__, "a sequence of ints", TypeError)
+    if len(cu) != cu_seqlens.shape[0]:
+        v.fail(name, f"{len(cu)} entries", f"{cu_seqlens.shape[0]}, as cu_seqlens")
+    if cu[0] != 0:
+        v.fail(name, f"first entry {cu[0]}", "0")
+    if any(b < a for a, b in zip(cu, cu[1:])):
+        i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
+        v.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
+    if cu[-1] != tokens:
+        v.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} (q.shape[0])")
+    return cu
+
+
+_DEVICE_NEED = "None, an int >= 0, 'cuda', 'cuda:N', a torch.device or a CuPy Device"
+
+
+def device(dev):
+    """workspace_bytes' device, parsed without touching CUDA: a device index, or None for the
+    current device (None, 'cuda', or a CUDA torch.device without an index)."""
+    if dev is None:
+        return None
+    if isinstance(dev, bool):
+        v.fail("device", repr(dev), _DEVICE_NEED, TypeError)
+    if isinstance(dev, int):
+        if dev < 0:
+            v.fail("device", repr(dev), _DEVICE_NEED)
+        return dev
+    if isinstance(dev, str):  # before the attribute probes: str has an .index method
+        if dev == "cuda":
+            return None
+        if dev.startswith("cuda:") and dev[5:].isascii() and dev[5:].isdecimal():
+            return int(dev[5:])
+        v.fail("device", repr(dev), _DEVICE_NEED, TypeError)
+    if type(dev).__module__.split(".")[0] == "torch":  # torch.device
+        if getattr(dev, "type", None) != "cuda":
+            v.fail("device", repr(dev), _DEVICE_NEED)
+        return dev.index
+    idx = getattr(dev, "id", None)  # cupy Device
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        return idx
+    v.fail("device", repr(dev), _DEVICE_NEED, TypeError)
