@@ -2,9 +2,12 @@
 stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
 FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
 from h3kernels import reference
-from h3kernels._runtime import arrays as dispatch
-from h3kernels._runtime import validate
+from h3kernels._launch import mlp_fp8 as launch
+from h3kernels._runtime import arrays, targets, validate
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
+
+dispatch = arrays  # the name the argument checks below use (they move to h3kernels/_validate/)
+mma_form = targets.mma_form  # fp8_mma_form -> the form that runs (-1: the board's)
 
 _WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -27,7 +30,7 @@ def _prepare(name, w, shape, quantize):
     result is bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
     import torch
 
-    kind = dispatch.kind_of(w)
+    kind = arrays.kind_of(w)
     if kind is None:
         validate.fail(name, type(w).__name__, "a torch tensor or a CuPy array", TypeError)
     if kind == "torch":
@@ -52,7 +55,7 @@ def _prepare(name, w, shape, quantize):
     with torch.cuda.stream(stream):
         q, s = quantize(t)
         q8 = cupy.from_dlpack(q.view(torch.uint8))
-    return q8.view(dispatch.cupy_dtype(dispatch.E4M3)), cupy.from_dlpack(s)
+    return q8.view(arrays.cupy_dtype(arrays.E4M3)), cupy.from_dlpack(s)
 
 
 def check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
@@ -94,111 +97,35 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     """
     named = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
                  adaln_index=adaln_index, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale)
-    call = dispatch.Call(named)
+    call = arrays.Call(named)
     eps = check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
                                workspace_a_q, workspace_a_scale)
     m = x.shape[0]
-    a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
-    a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
-    from h3kernels._launch.numba import mlp_fp8_row
-
-    with call.numba_device():
-        args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
-        mlp_fp8_row.launch(*args, stream=call.numba_stream())
+    a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), arrays.E4M3)
+    a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), arrays.F32)
+    previous = call.make_current()
+    try:
+        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
+    finally:
+        arrays.restore(previous)
     return a_q, a_scale
-
-
-def row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
-    """The row kernel's arguments: raw-bit quad views (validation guarantees their alignment)."""
-    nb, quads = call.numba, "uint64"
-    return (nb(x, quads), nb(x_norm_weight, quads), call.numba_span(adaln_scale, quads),
-            call.numba_span(adaln_shift, quads), dispatch.strides_elems(adaln_scale)[0] // 4,
-            adaln_scale.shape[0], nb(adaln_index), eps, nb(a_q, "uint32"), nb(a_scale))
-
-
-# --- the GEMMs (cuda_src/mlp_fp8.cu) ----------------------------------------------------------
-
-FC1_TILE = (128, 128, 128)  # BM, BN, BK (bytes of K), as the #defines of cuda_src/mlp_fp8.cu
-FC1_STAGES = 3
-FC1_THREADS = 256  # GEMM warps; FC2 adds FC2_PRODUCERS threads that quantize y
-FC2_PRODUCERS = 64
-FC1_SMEM_BYTES = FC1_STAGES * (FC1_TILE[0] + FC1_TILE[1]) * FC1_TILE[2]
-
-
-def mma_form(device_id, requested=-1):
-    """The FP8 mma form for `fp8_mma_form` (contract.md): -1 the board's, 0 legacy, 2 mxf8f6f4."""
-    from h3kernels._runtime import compiler as jit
-
-    arch = jit.arch_for(jit.device_cc(device_id))
-    if isinstance(requested, bool) or requested not in (-1, 0, 2):
-        validate.fail("fp8_mma_form", repr(requested), "-1, 0 or 2", ValueError)
-    if requested == 2 and arch != "sm_120a":
-        validate.fail("fp8_mma_form", 2, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
-    if requested == -1:
-        return 2 if arch == "sm_120a" and "GeForce" in jit.device_properties(device_id)["name"] else 0
-    return requested
-
-
-def _launch_gemm(call, kernel, form, tiles, threads, args):
-    """One persistent GEMM launch (min(tiles, SMs) CTAs) on the call's stream."""
-    import cupy
-    import numpy as np
-
-    from h3kernels._runtime import compiler as jit
-
-    f = jit.get_function("mlp_fp8", kernel, call.device_id, {"H3_MMA_FORM": form}, dynamic_smem=FC1_SMEM_BYTES)
-    sms = jit.device_properties(call.device_id)["multiProcessorCount"]
-    args = tuple(np.uint64(dispatch.data_ptr(a)) if dispatch.kind_of(a) else a for a in args)
-    with cupy.cuda.Device(call.device_id):
-        f((min(tiles, sms),), (threads,), args, shared_mem=FC1_SMEM_BYTES,
-          stream=dispatch.cupy_stream(call.stream_ptr, call.device_id))
-
-
-def _launch_fc1(call, a_q, a_scale, w1_q, w1_scale, y, m, form):
-    """y <- SwiGLU(FC1(a_q)) on the call's stream. Arrays validated by the caller: a_q and w1_q
-    16-byte aligned (cp.async), y 4-byte aligned."""
-    import numpy as np
-
-    tiles = -(-m // FC1_TILE[0]) * (FC1_OUT // FC1_TILE[1])
-    _launch_gemm(call, "h3_mlp_fc1", form, tiles, FC1_THREADS, (a_q, a_scale, w1_q, w1_scale, y, np.int32(m)))
-
-
-def _launch_fc2(call, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags, m, form):
-    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. Arrays
-    validated by the caller: y, y_q and w2_q 16-byte aligned, residual and out 4-byte aligned."""
-    import numpy as np
-
-    tiles = -(-m // FC1_TILE[0]) * (HIDDEN // FC1_TILE[1])
-    gate_stride = np.int64(dispatch.strides_elems(gate)[0])
-    _launch_gemm(call, "h3_mlp_fc2", form, tiles, FC1_THREADS + FC2_PRODUCERS,
-                 (y, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, np.int64(gate.shape[0]), adaln_index,
-                  residual, out, flags, np.int32(m)))
-
-
-def _zero(call, a):
-    """Stream-ordered memset of a's bytes (the FC2 flags)."""
-    import cupy
-
-    nbytes = int(a.numel() * a.element_size()) if call.kind == "torch" else int(a.nbytes)
-    with cupy.cuda.Device(call.device_id):
-        cupy.cuda.runtime.memsetAsync(dispatch.data_ptr(a), 0, nbytes, call.stream_ptr)
 
 
 def _span(a):
     """[first byte, one past the last byte) of the memory a's elements occupy."""
-    itemsize = a.element_size() if dispatch.kind_of(a) == "torch" else a.itemsize
-    lo = dispatch.data_ptr(a)
-    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, dispatch.strides_elems(a))))
+    itemsize = a.element_size() if arrays.kind_of(a) == "torch" else a.itemsize
+    lo = arrays.data_ptr(a)
+    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, arrays.strides_elems(a))))
 
 
 def _check_no_overlap(written, read, may_alias=()):
     """Every array the operator writes must not share memory with another array of the call,
     except `out`, which may be exactly one of `may_alias` (the epilogue reads a residual element
     before it writes that element)."""
-    arrays = {**written, **read}
+    everything = {**written, **read}
     for wn, w in written.items():
         wlo, whi = _span(w)
-        for other, o in arrays.items():
+        for other, o in everything.items():
             if other == wn:
                 continue
             olo, ohi = _span(o)
@@ -223,7 +150,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
                  workspace_flags=workspace_flags)
-    call = dispatch.Call({**inputs, **given})
+    call = arrays.Call({**inputs, **given})
     eps = check_row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
                                workspace_a_q, workspace_a_scale)
     m = x.shape[0]
@@ -245,25 +172,23 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                             ("workspace_y_q", workspace_y_q, 16), ("workspace_a_q", workspace_a_q, 16)):
         if a is not None:
             validate.aligned(name, a, nbytes)
-    form = mma_form(call.device_id, fp8_mma_form)
+    form = targets.mma_form(call.device_id, fp8_mma_form)
     _check_no_overlap({k: v for k, v in given.items() if v is not None}, inputs,
                       may_alias={("out", "residual"), ("out", "x")})
 
-    a_q = workspace_a_q if workspace_a_q is not None else call.empty((m, HIDDEN), dispatch.E4M3)
-    a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), dispatch.F32)
-    y = workspace_y if workspace_y is not None else call.empty((m, FFN), dispatch.BF16)
-    y_q = workspace_y_q if workspace_y_q is not None else call.empty((m, FFN), dispatch.E4M3)
-    y_scale = workspace_y_scale if workspace_y_scale is not None else call.empty((m,), dispatch.F32)
-    flags = workspace_flags if workspace_flags is not None else call.empty((fc2_flag_count(m),), dispatch.I32)
-    out = out if out is not None else call.empty((m, HIDDEN), dispatch.BF16)
-
-    from h3kernels._launch.numba import mlp_fp8_row
-
-    with call.numba_device():
-        args = row_stage_launch_args(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
-        mlp_fp8_row.launch(*args, stream=call.numba_stream())
-    _zero(call, flags)
-    _launch_fc1(call, a_q, a_scale, fc1_weight_q, fc1_weight_scale, y, m, form)
-    _launch_fc2(call, y, y_q, y_scale, fc2_weight_q, fc2_weight_scale, gate, adaln_index, residual, out, flags,
-                m, form)
+    empty, E4M3, F32, BF16 = call.empty, arrays.E4M3, arrays.F32, arrays.BF16
+    a_q = workspace_a_q if workspace_a_q is not None else empty((m, HIDDEN), E4M3)
+    a_scale = workspace_a_scale if workspace_a_scale is not None else empty((m,), F32)
+    y = workspace_y if workspace_y is not None else empty((m, FFN), BF16)
+    y_q = workspace_y_q if workspace_y_q is not None else empty((m, FFN), E4M3)
+    y_scale = workspace_y_scale if workspace_y_scale is not None else empty((m,), F32)
+    flags = workspace_flags if workspace_flags is not None else empty((fc2_flag_count(m),), arrays.I32)
+    out = out if out is not None else empty((m, HIDDEN), BF16)
+    previous = call.make_current()
+    try:
+        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
+        launch.launch_gemms(call, form, a_q, a_scale, fc1_weight_q, fc1_weight_scale, y, y_q, y_scale, fc2_weight_q,
+                            fc2_weight_scale, gate, adaln_index, residual, out, flags)
+    finally:
+        arrays.restore(previous)
     return out
