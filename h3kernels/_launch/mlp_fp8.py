@@ -77,27 +77,36 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
             row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
 
 
-def launch_gemms(call, form, a_q, a_scale, w1_q, w1_scale, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index,
-                 residual, out, flags):
-    """flags <- 0, y <- SwiGLU(FC1(a_q)), out <- residual + gate * FC2(quantize(y)), in that order
-    on the call's stream. Arrays validated by the caller (alignment: see mlp_fp8.py)."""
+def zero_flags(call, flags):
+    """Stream-ordered memset of the FC2 flags, which FC2 needs zeroed."""
     from cupy_backends.cuda.api import runtime
 
-    fc1, fc2, sms = gemms(call.device_id, form)
-    m = a_q.shape[0]
     runtime.memsetAsync(data_ptr(flags), 0, nbytes(flags), call.stream_ptr)
-    m_tiles = -(-m // BM)
-    fc1.launch(call.stream_ptr, (min(m_tiles * (FC1_OUT // BN), sms), 1), THREADS,
+
+
+def launch_fc1(call, form, a_q, a_scale, w1_q, w1_scale, y):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most)."""
+    fc1, _, sms = gemms(call.device_id, form)
+    m = a_q.shape[0]
+    fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
                (data_ptr(a_q), data_ptr(a_scale), data_ptr(w1_q), data_ptr(w1_scale), data_ptr(y), m))
-    fc2.launch(call.stream_ptr, (min(m_tiles * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
+
+
+def launch_fc2(call, form, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
+    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero."""
+    _, fc2, sms = gemms(call.device_id, form)
+    m = y.shape[0]
+    fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
                (data_ptr(y), data_ptr(y_q), data_ptr(y_scale), data_ptr(w2_q), data_ptr(w2_scale), data_ptr(gate),
                 strides_elems(gate)[0], gate.shape[0], data_ptr(adaln_index), data_ptr(residual), data_ptr(out),
                 data_ptr(flags), m))
 
 
-def launch_fc1(call, form, a_q, a_scale, w1_q, w1_scale, y):
-    """FC1 alone (tests and benchmarks of the GEMMs)."""
-    fc1, _, sms = gemms(call.device_id, form)
-    m = a_q.shape[0]
-    fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
-               (data_ptr(a_q), data_ptr(a_scale), data_ptr(w1_q), data_ptr(w1_scale), data_ptr(y), m))
+def launch_gemms(call, form, a_q, a_scale, w1_q, w1_scale, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index,
+                 residual, out, flags):
+    """flags <- 0, y <- SwiGLU(FC1(a_q)), out <- residual + gate * FC2(quantize(y)), in that order
+    on the call's stream. Arrays validated by the caller: a_q, w1_q, y, y_q and w2_q 16-byte
+    aligned (cp.async), residual and out 4-byte aligned."""
+    zero_flags(call, flags)
+    launch_fc1(call, form, a_q, a_scale, w1_q, w1_scale, y)
+    launch_fc2(call, form, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags)

@@ -82,7 +82,7 @@ def _offsets(tokens, heads, segments, key_blocks):
 
 def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, tiles_ptr, block_offset,
                    blocks, base):
-    """[(kernel, grid, threads, values)] of the quantization passes: q, k, v, cu (the device
+    """[(name, kernel, grid (x, y), threads, values)] of the quantization passes: q, k, v, cu (the device
     cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
     blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout())."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
@@ -93,28 +93,27 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     plane = heads * HEAD_DIM
     seg3 = (0, 0, segments * plane, 4, 0, segments, heads, HEAD_DIM, plane * 4, HEAD_DIM * 4, 4)
     out = []
+    add = lambda name, grid, threads, values: out.append((name, kern(name, device_id), grid, threads, values))
     if tokens:
-        out.append((kern("q_kernel", device_id), -(-rows // G.Q_ROWS_PER_CTA), G.Q_THREADS,
-                    (*vec(q, words, 8), *vec(base + o_q8, words, 4), *vec(base + o_sq, rows, 4), rows)))
+        add("q_kernel", (-(-rows // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
+            (*vec(q, words, 8), *vec(base + o_q8, words, 4), *vec(base + o_sq, rows, 4), rows))
     if n:
-        out.append((kern("kv_block_kernel", device_id), -(-n // G.KV_WARPS) * heads, G.KV_THREADS,
-                    (*vec(k, words, 8), *vec(v, words, 8), *blocks_arr, *vec(base + o_part, 2 * n * plane, 4),
-                     heads, n)))
+        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_THREADS,
+            (*vec(k, words, 8), *vec(v, words, 8), *blocks_arr, *vec(base + o_part, 2 * n * plane, 4), heads, n))
     if segments and tokens:
         mu, s_v = list(seg3), list(seg3)
         mu[4], s_v[4] = base + o_mu, base + o_sv
-        out.append((kern("kv_segment_kernel", device_id), (segments, heads), HEAD_DIM,
-                    (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride,
-                     *vec(block_offset, segments + 1, 4),
-                     0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane,
-                     4 * HEAD_DIM, 4, *mu, *s_v)))
+        add("kv_segment_kernel", (segments, heads), HEAD_DIM,
+            (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
+             0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
+             *mu, *s_v))
     if n:
-        out.append((kern("k_quant_kernel", device_id), n * heads, G.KV_THREADS,
-                    (*vec(k, words, 8), *vec(base + o_mu, segments * plane, 4), *blocks_arr,
-                     *vec(base + o_k8, words, 4), *vec(base + o_sk, n * heads, 4), heads)))
-        out.append((kern("v_quant_kernel", device_id), n * heads, G.KV_THREADS,
-                    (*vec(v, words, 8), *vec(base + o_sv, segments * plane, 4), *blocks_arr,
-                     *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n)))
+        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(k, words, 8), *vec(base + o_mu, segments * plane, 4), *blocks_arr, *vec(base + o_k8, words, 4),
+             *vec(base + o_sk, n * heads, 4), heads))
+        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(v, words, 8), *vec(base + o_sv, segments * plane, 4), *blocks_arr,
+             *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
     return out
 
 
@@ -135,10 +134,10 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
         offsets, nbytes = _offsets(tokens, heads, segments, n)
         base = ws.reserve(nbytes, capturing, dev_plan)
         cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
-        for kern, grid, threads, values in quant_launches(
+        for _, kern, grid, threads, values in quant_launches(
                 call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
                 data_ptr(cu_seqlens), cu_stride, tiles, block_offset, blocks, base):
-            kern.launch(stream, grid if isinstance(grid, tuple) else (grid, 1), threads, values)
+            kern.launch(stream, grid, threads, values)
         o_q8, o_k8, o_v8t, o_sq, o_sk, _, o_sv, _ = offsets
         f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,

@@ -28,8 +28,6 @@ def _blocks(cu):
     seg = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     first = starts[seg] + (np.arange(int(block_offset[-1]), dtype=np.int64) - block_offset[seg]) * K_BLOCK
     blocks = np.stack([seg, first, np.minimum(K_BLOCK, ends[seg] - first)], axis=1).reshape(-1, 3)
-    for a in (block_offset, blocks):
-        a.setflags(write=False)  # shared by every caller of the cache
     return block_offset, blocks
 
 
@@ -46,7 +44,6 @@ def _plan_host(cu, heads):
             for q0 in range(0, int(lens[s]), Q_TILE):
                 rows.append((starts[s], lens[s], starts[s] + q0, h, s))
     tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
-    tiles.setflags(write=False)
     return tiles, _blocks(cu)[0]
 
 
