@@ -57,20 +57,23 @@ def main():
 
     def fc1():
         s = cur["s"]
-        launch.launch_fc1(call, form, s["a_q"], s["a_s"], q1, s1, s["y"])
+        ptr = arrays.data_ptr
+        launch.launch_fc1(call, form, m, ptr(s["a_q"]), ptr(s["a_s"]), ptr(q1), ptr(s1), ptr(s["y"]))
 
     def fc2():
         s = cur["s"]
         x, w, sc, sh, idx, gate, res = s["args"]
-        launch.zero_flags(call, s["flags"])
-        launch.launch_fc2(call, form, s["y"], s["y_q"], s["y_s"], q2, s2, gate, idx, res, s["out"], s["flags"])
+        ptr = arrays.data_ptr
+        launch.zero_flags(call, m, ptr(s["flags"]))
+        launch.launch_fc2(call, form, m, ptr(s["y"]), ptr(s["y_q"]), ptr(s["y_s"]), ptr(q2), ptr(s2), gate, ptr(idx),
+                          ptr(res), ptr(s["out"]), ptr(s["flags"]))
 
     def row():
         s = cur["s"]
         h3kernels.minimax_h3_mlp_fp8_row_stage(*s["args"][:5], workspace_a_q=s["a_q"], workspace_a_scale=s["a_s"])
 
     def memset():
-        launch.zero_flags(call, cur["s"]["flags"])
+        launch.zero_flags(call, m, arrays.data_ptr(cur["s"]["flags"]))
 
     one = torch.ones(1, device="cuda")
     res = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), rows=m, form=form)

@@ -105,7 +105,8 @@ def minimax_h3_mlp_fp8_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, ada
     a_scale = workspace_a_scale if workspace_a_scale is not None else call.empty((m,), arrays.F32)
     previous = call.make_current()
     try:
-        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
+        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, arrays.data_ptr(a_q),
+                          arrays.data_ptr(a_scale))
     finally:
         arrays.restore(previous)
     return a_q, a_scale
@@ -176,19 +177,31 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     _check_no_overlap({k: v for k, v in given.items() if v is not None}, inputs,
                       may_alias={("out", "residual"), ("out", "x")})
 
-    empty, E4M3, F32, BF16 = call.empty, arrays.E4M3, arrays.F32, arrays.BF16
-    a_q = workspace_a_q if workspace_a_q is not None else empty((m, HIDDEN), E4M3)
-    a_scale = workspace_a_scale if workspace_a_scale is not None else empty((m,), F32)
-    y = workspace_y if workspace_y is not None else empty((m, FFN), BF16)
-    y_q = workspace_y_q if workspace_y_q is not None else empty((m, FFN), E4M3)
-    y_scale = workspace_y_scale if workspace_y_scale is not None else empty((m,), F32)
-    flags = workspace_flags if workspace_flags is not None else empty((fc2_flag_count(m),), arrays.I32)
-    out = out if out is not None else empty((m, HIDDEN), BF16)
+    # the buffers between the launches: the caller's workspaces, else one scratch allocation
+    offsets, total = launch.scratch_layout(m)
+    scratch = None
+    ptr = {}
+    for name, ws in (("a_q", workspace_a_q), ("a_scale", workspace_a_scale), ("y", workspace_y),
+                     ("y_q", workspace_y_q), ("y_scale", workspace_y_scale), ("flags", workspace_flags)):
+        if ws is not None:
+            ptr[name] = arrays.data_ptr(ws)
+        else:
+            if scratch is None:
+                scratch = call.empty((total,), arrays.E4M3)
+                base = arrays.data_ptr(scratch)
+            ptr[name] = base + offsets[name]
+    out = out if out is not None else call.empty((m, HIDDEN), arrays.BF16)
     previous = call.make_current()
     try:
-        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale)
-        launch.launch_gemms(call, form, a_q, a_scale, fc1_weight_q, fc1_weight_scale, y, y_q, y_scale, fc2_weight_q,
-                            fc2_weight_scale, gate, adaln_index, residual, out, flags)
+        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, ptr["a_q"],
+                          ptr["a_scale"])
+        launch.zero_flags(call, m, ptr["flags"])
+        data_ptr = arrays.data_ptr
+        launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], data_ptr(fc1_weight_q),
+                          data_ptr(fc1_weight_scale), ptr["y"])
+        launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], data_ptr(fc2_weight_q),
+                          data_ptr(fc2_weight_scale), gate, data_ptr(adaln_index), data_ptr(residual),
+                          data_ptr(out), ptr["flags"])
     finally:
         arrays.restore(previous)
-    return out
+    return out  # the scratch goes back to the caller's allocator, stream-ordered behind the launches

@@ -86,3 +86,10 @@ def test_compiling_under_the_module_lock_does_not_deadlock(sandbox):
     t.start()
     t.join(timeout=120)
     assert done == [b"\x7fELF"], "compile_cubin blocked on compiler._lock held by its caller"
+
+
+def test_compile_check_counts_dynamic_shared_memory(monkeypatch, capsys):
+    # static smem alone fits; what a launch adds dynamically must count against the 101376 bytes too
+    monkeypatch.setattr(compile_check, "dynamic_smem", lambda name: {"h3_f32_to_e4m3": 101377})
+    assert not compile_check.check(("sm_90",), ["fp8_convert"])
+    assert "101377 B static + dynamic smem" in capsys.readouterr().out

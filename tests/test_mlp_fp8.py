@@ -273,7 +273,9 @@ def test_fc1_kernel_alone(m, weights):
     y = torch.full((m, FFN), float("nan"), dtype=torch.bfloat16, device="cuda")
     call = arrays.Call(dict(a_q=a_q, y=y))
     previous = call.make_current()
-    L.launch_fc1(call, targets.mma_form(call.device_id), a_q, a_s, weights["q1"], weights["s1"], y)
+    ptr = arrays.data_ptr
+    L.launch_fc1(call, targets.mma_form(call.device_id), m, ptr(a_q), ptr(a_s), ptr(weights["q1"]), ptr(weights["s1"]),
+                 ptr(y))
     arrays.restore(previous)
     torch.cuda.synchronize()
     assert not torch.isnan(y.float()).any()

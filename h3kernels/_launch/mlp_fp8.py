@@ -6,9 +6,9 @@ makes its device current first (h3kernels/mlp_fp8.py does both).
 """
 from h3kernels._launch import numba_ptx
 from h3kernels._runtime import compiler
-from h3kernels._runtime.arrays import data_ptr, nbytes, strides_elems
+from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
-from h3kernels.constants import FC1_OUT, FC2_FLAG_COLS, FC2_FLAG_ROWS, FFN, HIDDEN, ROW_THREADS
+from h3kernels.constants import FC1_OUT, FC2_FLAG_COLS, FC2_FLAG_ROWS, FFN, HIDDEN, ROW_THREADS, fc2_flag_count
 
 # cuda_src/mlp_fp8.cu, built with exactly these (defines()):
 BM = FC2_FLAG_ROWS  # rows of an output tile (and of an FC2 ready flag's row band): 128
@@ -53,10 +53,27 @@ def gemms(device_id, form):
     return g
 
 
+ALIGN = 256
+
+
+def scratch_layout(m):
+    """({name: byte offset}, total bytes) of the buffers one call needs between its launches
+    (a_q, a_scale, y, y_q, y_scale, flags), carved from one allocation: one allocator call
+    instead of six."""
+    sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
+             ("flags", 4 * fc2_flag_count(m)))
+    offsets, off = {}, 0
+    for name, size in sizes:
+        offsets[name] = off
+        off += -(-size // ALIGN) * ALIGN
+    return offsets, off
+
+
 def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
     """The row kernel's flattened parameters: x, x_norm_weight, a_q as quad views, the AdaLN
-    tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale.
-    Validation guarantees the alignment and contiguity these views assume."""
+    tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
+    (a_q and a_scale: addresses). Validation guarantees the alignment and contiguity these
+    views assume."""
     m = x.shape[0]
     stride = strides_elems(adaln_scale)[0]
     rows = adaln_scale.shape[0]
@@ -65,11 +82,11 @@ def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q
     return (0, 0, m * ROW_QUADS, 8, data_ptr(x), m, ROW_QUADS, 8 * ROW_QUADS, 8,
             *vec(data_ptr(x_norm_weight), ROW_QUADS, 8), *vec(data_ptr(adaln_scale), span, 8),
             *vec(data_ptr(adaln_shift), span, 8), stride // 4, rows, *vec(data_ptr(adaln_index), m, 8), eps,
-            0, 0, m * ROW_QUADS, 4, data_ptr(a_q), m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(data_ptr(a_scale), m, 4))
+            0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4))
 
 
 def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
-    """a_q, a_scale <- the row stage of x, on the call's stream: one CTA per row."""
+    """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
     m = x.shape[0]
     if m:
         numba_ptx.kernel("row_kernel", call.device_id).launch(
@@ -77,36 +94,25 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
             row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
 
 
-def zero_flags(call, flags):
-    """Stream-ordered memset of the FC2 flags, which FC2 needs zeroed."""
+def zero_flags(call, m, flags):
+    """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
     from cupy_backends.cuda.api import runtime
 
-    runtime.memsetAsync(data_ptr(flags), 0, nbytes(flags), call.stream_ptr)
+    runtime.memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
 
 
-def launch_fc1(call, form, a_q, a_scale, w1_q, w1_scale, y):
-    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most)."""
+def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
+    Arguments are addresses."""
     fc1, _, sms = gemms(call.device_id, form)
-    m = a_q.shape[0]
     fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
-               (data_ptr(a_q), data_ptr(a_scale), data_ptr(w1_q), data_ptr(w1_scale), data_ptr(y), m))
+               (a_q, a_scale, w1_q, w1_scale, y, m))
 
 
-def launch_fc2(call, form, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
-    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero."""
+def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
+    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. gate is
+    the table (its row stride and rows are parameters); the rest are addresses."""
     _, fc2, sms = gemms(call.device_id, form)
-    m = y.shape[0]
     fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
-               (data_ptr(y), data_ptr(y_q), data_ptr(y_scale), data_ptr(w2_q), data_ptr(w2_scale), data_ptr(gate),
-                strides_elems(gate)[0], gate.shape[0], data_ptr(adaln_index), data_ptr(residual), data_ptr(out),
-                data_ptr(flags), m))
-
-
-def launch_gemms(call, form, a_q, a_scale, w1_q, w1_scale, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index,
-                 residual, out, flags):
-    """flags <- 0, y <- SwiGLU(FC1(a_q)), out <- residual + gate * FC2(quantize(y)), in that order
-    on the call's stream. Arrays validated by the caller: a_q, w1_q, y, y_q and w2_q 16-byte
-    aligned (cp.async), residual and out 4-byte aligned."""
-    zero_flags(call, flags)
-    launch_fc1(call, form, a_q, a_scale, w1_q, w1_scale, y)
-    launch_fc2(call, form, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags)
+               (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0],
+                adaln_index, residual, out, flags, m))

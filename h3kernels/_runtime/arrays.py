@@ -31,9 +31,10 @@ _kind_by_type = {}
 def kind_of(a):
     """'torch' or 'cupy', without importing a framework the caller did not use."""
     t = type(a)
-    kind = _kind_by_type.get(t, False)
-    if kind is not False:
-        return kind
+    try:
+        return _kind_by_type[t]  # every call asks this dozens of times: once per type
+    except KeyError:
+        pass
     mod = t.__module__.split(".")[0]
     kind = None
     if mod == "torch" and isinstance(a, _torch().Tensor):
@@ -44,10 +45,15 @@ def kind_of(a):
     return kind
 
 
-@functools.lru_cache(maxsize=None)
+_torch_dtype_names = {}
+
+
 def _torch_dtypes():
-    t = _torch()
-    return {t.bfloat16: BF16, t.float8_e4m3fn: E4M3, t.float32: F32, t.int64: I64, t.int32: I32}
+    if not _torch_dtype_names:
+        t = _torch()
+        _torch_dtype_names.update({t.bfloat16: BF16, t.float8_e4m3fn: E4M3, t.float32: F32, t.int64: I64,
+                                   t.int32: I32})
+    return _torch_dtype_names
 
 
 _CUPY_DTYPES = {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8": E4M3, "float32": F32,
@@ -57,18 +63,21 @@ _CUPY_DTYPES = {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8"
 def logical_dtype(a):
     """The contract's dtype name of a torch tensor or CuPy array, or None if it has none."""
     if kind_of(a) == "torch":
-        return _torch_dtypes().get(a.dtype)
+        return (_torch_dtype_names or _torch_dtypes()).get(a.dtype)
     return _CUPY_DTYPES.get(a.dtype.name)
 
 
 def strides_elems(a):
     if kind_of(a) == "torch":
-        return tuple(a.stride())
+        return a.stride()  # a tuple already
     return tuple(s // a.itemsize for s in a.strides)
 
 
 def data_ptr(a):
-    return a.data_ptr() if kind_of(a) == "torch" else a.data.ptr
+    try:
+        return a.data_ptr()  # torch
+    except AttributeError:
+        return a.data.ptr  # CuPy
 
 
 def nbytes(a):

@@ -49,9 +49,10 @@ def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
 
     call = arrays.Call(dict(x=arg_sets[0][0], a_q=a_q, a_scale=a_scale))
     cur = {}
+    out = arrays.data_ptr(a_q), arrays.data_ptr(a_scale)
     previous = call.make_current()
     try:
-        return median_ms_batched(lambda: launch.launch_row(call, *cur["args"], eps, a_q, a_scale), batch=batch,
+        return median_ms_batched(lambda: launch.launch_row(call, *cur["args"], eps, *out), batch=batch,
                                  warmup=2, reps=reps, setup=lambda i: cur.update(args=arg_sets[i % len(arg_sets)]))
     finally:
         arrays.restore(previous)
