@@ -38,7 +38,7 @@ def defines(arch, form):
                 KS_STEP_FC1=2 if sm90 else 4, KS_STEP_FC2=1 if sm90 else 4, H3_MMA_FORM=form)
 
 
-_gemms = {}  # (device id, form) -> (fc1, fc2, CTAs of a persistent grid)
+_gemms = compiler.cache({})  # (device id, form) -> (fc1, fc2, CTAs of a persistent grid)
 
 
 def gemms(device_id, form):

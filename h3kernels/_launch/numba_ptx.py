@@ -36,7 +36,7 @@ _ENTRY = re.compile(r"\.entry\s+(\S+)\s*\(")
 
 _lock = threading.RLock()
 _ptx = {}  # (kernel, cc) -> PTX text
-_kernels = {}  # (kernel, device id) -> launcher.Kernel
+_kernels = compiler.cache({})  # (kernel, device id) -> launcher.Kernel
 
 
 def params(name):

@@ -45,7 +45,7 @@ def defines(arch, form):
                 Q_IN_REGS=sm90, SKIP_SETTLED_RESCALE=sm90, H3_MMA_FORM=form)
 
 
-_kernels = {}  # (device id, form) -> (attention kernel, its grid cap)
+_kernels = compiler.cache({})  # (device id, form) -> (attention kernel, its grid cap)
 
 
 def attention_kernel(device_id, form):

@@ -22,6 +22,20 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 _lock = threading.RLock()  # kernel() holds it while compile_cubin takes it again
 _modules = {}  # (image identity, device id) -> CuPy Module
 _kernels = {}  # (image identity, device id, kernel) -> launcher.Kernel
+_caches = [_modules, _kernels]  # what clear_caches() empties: these and the launch modules' own
+
+
+def cache(d):
+    """Registers a launch module's cache of kernels (a dict) with clear_caches(); returns it."""
+    _caches.append(d)
+    return d
+
+
+def clear_caches():
+    """Forgets every loaded module and kernel (the disk cache stays): the next launches load again."""
+    with _lock:
+        for d in _caches:
+            d.clear()
 
 
 class CompileError(RuntimeError):
