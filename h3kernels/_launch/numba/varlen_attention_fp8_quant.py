@@ -12,8 +12,8 @@ Zero scales give zero codes. Like the MLP row kernel, these kernels keep bf16 as
 as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
 
 V is written transposed for the attention kernel's PV product, as v8t [heads, 128, n * 128]
-(n = key blocks, numbered by varlen_attention_fp8_plan.key_blocks): channel rows with keys contiguous, so the kernel loads
-it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
+(n = key blocks, numbered by varlen_attention_fp8_plan.key_blocks): channel rows with keys
+contiguous, so the kernel loads it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
 fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte aligned at column
 128 * block_offset[seg], and the columns past its last key are zero, so the kernel's key blocks
 read finite bytes that meet P = 0. Inside every 16-key group the keys are permuted
@@ -28,10 +28,9 @@ from numba import cuda, float32, uint32, uint64  # module level: the simulator s
 
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401 (the one numbering)
-
 # module globals: Numba reads them as compile-time constants
-from h3kernels._launch.numba.geometry import (BATCH, KEYS_PER_WARP, KV_THREADS, KV_WARPS, Q_ROWS_PER_CTA,  # noqa: E402
-                                              Q_ROWS_PER_WARP, Q_THREADS, Q_WARPS, Q_WORDS, TILE_WORDS)
+from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_THREADS, KV_WARPS, Q_ROWS_PER_CTA  # noqa: F401
+from h3kernels._launch.numba.geometry import Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
 _kernels = None
