@@ -69,7 +69,7 @@ def test_quant_launches_fill_every_kernels_parameters(fake_kernels, tokens, head
     import struct
 
     launches = launch_attention.quant_launches(0, tokens, heads, segments, n, 1 << 20, 2 << 20, 3 << 20, 4 << 20, 1,
-                                               5 << 20, 6 << 20, 7 << 20, 8 << 20)
+                                               6 << 20, 7 << 20, 8 << 20)
     assert [r[0] for r in launches] == ["q_kernel", "kv_block_kernel", "kv_segment_kernel", "k_quant_kernel",
                                         "v_quant_kernel"]
     for name, kernel, grid, threads, values in launches:

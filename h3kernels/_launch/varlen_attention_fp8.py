@@ -80,8 +80,7 @@ def _offsets(tokens, heads, segments, key_blocks):
     return tuple(parts[n][0] for n in ("q8", "k8", "v8t", "s_q", "s_k", "mu", "s_v", "partials")), nbytes
 
 
-def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, tiles_ptr, block_offset,
-                   blocks, base):
+def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base):
     """[(name, kernel, grid (x, y), threads, values)] of the quantization passes: q, k, v, cu (the device
     cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
     blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout())."""
@@ -136,7 +135,7 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
         cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
         for _, kern, grid, threads, values in quant_launches(
                 call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
-                data_ptr(cu_seqlens), cu_stride, tiles, block_offset, blocks, base):
+                data_ptr(cu_seqlens), cu_stride, block_offset, blocks, base):
             kern.launch(stream, grid, threads, values)
         o_q8, o_k8, o_v8t, o_sq, o_sk, _, o_sv, _ = offsets
         f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,

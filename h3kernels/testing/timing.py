@@ -123,8 +123,8 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
     mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
     passes = launch.quant_launches(call.device_id, tokens, heads, len(cu) - 1, n, q.data_ptr(), k.data_ptr(),
-                                   v.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens.stride(0), 0,
-                                   block_offset.data_ptr(), blocks.data_ptr(), mem.data_ptr())
+                                   v.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens.stride(0), block_offset.data_ptr(),
+                                   blocks.data_ptr(), mem.data_ptr())
     run = lambda chosen: [kern.launch(call.stream_ptr, grid, threads, values)
                           for _, kern, grid, threads, values in chosen]
     previous = call.make_current()
