@@ -1,18 +1,15 @@
 """Times minimax_h3_varlen_attention_fp8 against torch's bf16 attention and the e4m3 mma.sync
 ceiling, all in one run (issue 4, item 5).
 
-python bench/bench_attention.py [--quick] [--sets NAME ...] [--variants both|exact|online] [--no-h3ref]
+python bench/bench_attention.py [--quick] [--sets NAME ...] [--no-h3ref]
                                 [--json PATH] [--reps N] [--budget-ms MS]
 
 Segment sets (56 heads, head dim 128, non-causal, q/k/v bf16 randn [tokens, 56, 128]):
   4x4096, 16x1024, 1x16384, 7000+3000+6000+384 (ragged), 1x65536; --quick: 4x4096 and 1x16384.
 Methods, per set:
   ours          h3kernels.minimax_h3_varlen_attention_fp8 on the packed tensors, cu_seqlens_host
-                given (no device sync), `out` preallocated, in each kernel variant of --variants
-                (default both): "exact" = varlen_attention_fp8.EXACT_MAX True (two passes over the
-                keys, P against the row's final max), "online" = EXACT_MAX False (one-pass online
-                softmax). The launcher reads EXACT_MAX at every call (it picks the compiled kernel),
-                so the bench sets it before each variant and restores it afterwards.
+                given (no device sync), `out` preallocated (the one-pass online softmax: the
+                "online" variant of the tables).
   cuDNN SDPA    F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
   flash SDPA    the same under SDPBackend.FLASH_ATTENTION
                 Equal-length sets: one batched call on [B, 56, L, 128] (strided views of the
@@ -66,7 +63,7 @@ QUICK = ("4x4096", "1x16384")
 SAMPLE_TOKENS = 4096  # tokens compared per set (plus every segment's first and last)
 PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"), ("cudnn_varlen", "cuDNN varlen"))
 PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is marked "!"
-VARIANTS = (("exact", True), ("online", False))  # (name, varlen_attention_fp8.EXACT_MAX)
+VARIANTS = (("online", False),)  # (name, two-pass max): the kernel has one softmax, the online one
 H3REF_OK_REL_L2 = 0.02  # issue 4: ours vs h3kernels.reference
 REF_ROWS_CHUNK = 256  # query rows per reference step: [56, 256, 65536] f32 scores = 3.8 GB
 
@@ -300,23 +297,15 @@ def load_op():
 
 def run_ours(r, args, st, dev):
     """Every variant of --variants on set r, then the quantization passes once (the same for both)."""
-    from h3kernels import varlen_attention_fp8 as attn
-
     s = make_set(r["lens"], r["heads"], r["seed"], dev)  # the same tensors as the peers saw
     q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
     r["variants"] = {}
-    default = attn.EXACT_MAX
-    try:
-        for name, exact in args.variant_list:
-            attn.EXACT_MAX = exact  # read by the launcher at every call: picks the compiled kernel
-            o = r["variants"][name] = dict(
-                label=f"h3kernels.minimax_h3_varlen_attention_fp8, EXACT_MAX={exact} ({name}; cu_seqlens_host "
-                      "given, out preallocated)", exact_max=exact)
-            if exact == default or "ours" not in r:
-                r["ours"] = o  # the variant the package runs by default (targets, summary)
-            run_variant(r, name, o, s, st, args)  # raises Hung
-    finally:
-        attn.EXACT_MAX = default
+    for name, exact in args.variant_list:
+        o = r["variants"][name] = dict(
+            label=f"h3kernels.minimax_h3_varlen_attention_fp8 ({name}; cu_seqlens_host given, out preallocated)",
+            exact_max=exact)
+        r.setdefault("ours", o)
+        run_variant(r, name, o, s, st, args)  # raises Hung
     timed = [o for o in r["variants"].values() if "stream_ms" in o]
     if not timed:
         return
@@ -338,7 +327,7 @@ def run_ours(r, args, st, dev):
 
 
 def run_variant(r, name, o, s, st, args):
-    """One kernel variant (varlen_attention_fp8.EXACT_MAX already set) on set r's tensors s."""
+    """One kernel variant on set r's tensors s."""
     q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
     flops = r["flops"]
     # poisoned: a row the kernel fails to write shows up as non-finite, not as the previous variant's
@@ -437,7 +426,7 @@ def table(results, ceil, form, device, st):
             lines.append(line)
     lines.append("* per-segment SDPA calls (one per segment), not one varlen call;  ! peer rel L2 vs the "
                  f"reference > {PEER_OK_REL_L2};  relL2: ours vs the reference on sampled tokens (expected ~0.05)")
-    lines.append("variant: exact = EXACT_MAX True (two passes over the keys), online = EXACT_MAX False; vs h3ref: "
+    lines.append("variant: online = the one-pass online softmax; vs h3ref: "
                  f"rel L2 against h3kernels.reference on the same sampled query rows (! > {H3REF_OK_REL_L2}, "
                  "issue 4's bound)")
     labels = [f"{key} = {lab}" for key, (lab, _) in st["varlen"].items()]
@@ -552,13 +541,11 @@ def main():
     p.add_argument("--reps", type=int, default=0, help="timed runs per method (default: from --budget-ms, 3..15)")
     p.add_argument("--budget-ms", type=float, default=400.0,
                    help="GPU time aimed at per method's call timing (reps = budget / one call)")
-    p.add_argument("--variants", choices=("both",) + tuple(n for n, _ in VARIANTS), default="both",
-                   help="kernel variants of ours to time: exact (two-pass max), online (one-pass softmax) or both")
     p.add_argument("--no-h3ref", dest="h3ref", action="store_false",
                    help="skip ours vs h3kernels.reference on the sampled rows")
     p.add_argument("--heads", type=int, default=H3_HEADS, help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.variant_list = [(n, e) for n, e in VARIANTS if args.variants in ("both", n)]
+    args.variant_list = list(VARIANTS)
     chosen = args.sets or (list(QUICK) if args.quick else names)
 
     dev = torch.device("cuda")

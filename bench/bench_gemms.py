@@ -10,8 +10,8 @@ import json
 import torch
 
 import h3kernels
-from h3kernels import mlp_fp8
-from h3kernels._runtime import arrays as dispatch
+from h3kernels._launch import mlp_fp8 as launch
+from h3kernels._runtime import arrays, targets
 from h3kernels.peers import mma_ceiling
 from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
@@ -51,25 +51,29 @@ def main():
     for i in range(3):  # fills every set's workspaces (a_q, y) for the stage timings
         setup(i)
         op()
-    call = dispatch.Call(dict(a_q=sets[0]["a_q"]))
-    form = mlp_fp8.mma_form(call.device_id)
+    call = arrays.Call(dict(a_q=sets[0]["a_q"]))
+    form = targets.mma_form(call.device_id)
+    arrays.make_current(call.device_id)  # this script's thread stays on the device
 
     def fc1():
         s = cur["s"]
-        mlp_fp8._launch_fc1(call, s["a_q"], s["a_s"], q1, s1, s["y"], m, form)
+        ptr = arrays.data_ptr
+        launch.launch_fc1(call, form, m, ptr(s["a_q"]), ptr(s["a_s"]), ptr(q1), ptr(s1), ptr(s["y"]))
 
     def fc2():
         s = cur["s"]
         x, w, sc, sh, idx, gate, res = s["args"]
-        mlp_fp8._zero(call, s["flags"])
-        mlp_fp8._launch_fc2(call, s["y"], s["y_q"], s["y_s"], q2, s2, gate, idx, res, s["out"], s["flags"], m, form)
+        ptr = arrays.data_ptr
+        launch.zero_flags(call, m, ptr(s["flags"]))
+        launch.launch_fc2(call, form, m, ptr(s["y"]), ptr(s["y_q"]), ptr(s["y_s"]), ptr(q2), ptr(s2), gate, ptr(idx),
+                          ptr(res), ptr(s["out"]), ptr(s["flags"]))
 
     def row():
         s = cur["s"]
         h3kernels.minimax_h3_mlp_fp8_row_stage(*s["args"][:5], workspace_a_q=s["a_q"], workspace_a_scale=s["a_s"])
 
     def memset():
-        mlp_fp8._zero(call, cur["s"]["flags"])
+        launch.zero_flags(call, m, arrays.data_ptr(cur["s"]["flags"]))
 
     one = torch.ones(1, device="cuda")
     res = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), rows=m, form=form)

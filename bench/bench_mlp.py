@@ -56,9 +56,9 @@ def load_op():
 
 def op_form(dev, requested):
     try:
-        from h3kernels import mlp_fp8
+        from h3kernels._runtime import targets
 
-        return mlp_fp8.mma_form(dev, requested)
+        return targets.mma_form(dev, requested)
     except Exception:
         from h3kernels.peers import mma_ceiling
 

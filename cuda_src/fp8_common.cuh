@@ -1,5 +1,5 @@
 // Shared device code of the h3kernels CUDA sources: integer types without <cstdint>
-// (NVRTC has no standard headers), the FP8 mma in its three forms, and the roundings the
+// (NVRTC has no standard headers), the FP8 mma in its two forms, and the roundings the
 // contract names (bf16 RNE, e4m3 RNE satfinite).
 #pragma once
 
@@ -9,26 +9,18 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// H3_MMA_FORM picks the instruction at compile time:
+// H3_MMA_FORM (given by the launch layer, h3kernels/_runtime/targets.py) picks the instruction:
 //   0  legacy mma.sync.m16n8k32.e4m3 (sm_89, sm_90, sm_120a)
-//   1  mma.sync kind::f8f6f4 (sm_120a)
 //   2  mma.sync kind::mxf8f6f4 block_scale with unit UE8M0 scales (sm_120a)
-// All three compute the same FP32 sums of exact e4m3 products.
-#ifndef H3_MMA_FORM
-#define H3_MMA_FORM 0
-#endif
-
-// D += A * B for one m16n8k32 tile. Fragments as in shared/notes/mma_m16n8k32_e4m3_layout.md.
+// Both compute the same FP32 sums of exact e4m3 products. (kind::f8f6f4 without scales
+// compiles to the same SASS as form 0 on sm_120a, so it is not offered.) A source without an
+// mma (fp8_convert.cu) needs no form; the sources with one #error without it.
+#ifdef H3_MMA_FORM
+// D += A * B for one m16n8k32 tile. Fragments as in docs/spec.md (the m16n8k32 e4m3 layout).
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
 #if H3_MMA_FORM == 0
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif H3_MMA_FORM == 1
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.kind::f8f6f4.f32.e4m3.e4m3.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -42,9 +34,10 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const u32 (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(unit_scale),
         "r"(unit_scale), "h"(zero));
 #else
-#error "H3_MMA_FORM must be 0, 1 or 2"
+#error "H3_MMA_FORM must be 0 or 2"
 #endif
 }
+#endif  // H3_MMA_FORM
 
 // Two FP32 values -> two e4m3 bytes (lo in bits 0..7), RNE with saturation to +-448
 // (contract.md's e4m3()). tests/test_fp8_convert.py checks it next to every midpoint.

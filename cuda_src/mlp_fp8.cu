@@ -9,19 +9,15 @@
 // K through a STAGES-deep cp.async ring of 128-byte-wide K slices.
 #include "fp8_common.cuh"
 
-#define BM 128
-#define BN 128
-#define BK 128  // bytes of K per stage
-#define STAGES 3
-#define THREADS 256  // 8 warps: 2 along M x 4 along N, 64 x 32 outputs each
-#define GROUP_M 16
-#define PRODUCERS 64  // FC2: 2 warps that quantize y
-#define CHUNK_COLS 1024  // FC2: y columns per ready flag
+// The tile, thread and size constants come from h3kernels/_launch/mlp_fp8.py (NVRTC -D), which
+// explains each: BM, BN, BK, STAGES, THREADS, GROUP_M, PRODUCERS, CHUNK_COLS, GROUP_ROWS, HIDDEN,
+// FFN, FC1_OUT, and the per-arch unroll depths KS_STEP_FC1 and KS_STEP_FC2.
+#if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(THREADS) || !defined(GROUP_M) || \
+    !defined(PRODUCERS) || !defined(CHUNK_COLS) || !defined(GROUP_ROWS) || !defined(HIDDEN) || !defined(FFN) || \
+    !defined(FC1_OUT) || !defined(KS_STEP_FC1) || !defined(KS_STEP_FC2) || !defined(H3_MMA_FORM)
+#error "mlp_fp8.cu is built with the -D constants of h3kernels/_launch/mlp_fp8.py"
+#endif
 #define CHUNK_SLICES (CHUNK_COLS / BK)
-#define GROUP_ROWS 16  // FC2: rows of y one producer claim quantizes
-#define HIDDEN 5376
-#define FFN 14336
-#define FC1_OUT 28672
 
 // A stage holds BM rows of A then BN rows of B, 128 bytes each, as 16-byte chunks stored at
 // chunk ^ (row % 8): the 8 rows that one ldmatrix phase reads then hit 8 different bank groups.
@@ -110,15 +106,7 @@ struct Loader {
 };
 
 // One K slice from a ring stage: acc += A_stage . B_stage^T, KS_STEP k32 steps unrolled at a
-// time. sm_90 emulates each e4m3 mma with conversions and HMMAs: there FC1 fits two steps in
-// registers and FC2 (fewer registers per thread, for its producer warps) one; else all four.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && H3_MMA_FORM == 0
-#define KS_STEP_FC1 2
-#define KS_STEP_FC2 1
-#else
-#define KS_STEP_FC1 4
-#define KS_STEP_FC2 4
-#endif
+// time (KS_STEP_FC1, KS_STEP_FC2: per arch, from h3kernels/_launch/mlp_fp8.py).
 template <int KS_STEP>
 __device__ __forceinline__ void mma_stage(float (&acc)[4][4][4], const u8* stage) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -3,6 +3,10 @@
 // H3_MMA_FORM gives the same sums.
 #include "fp8_common.cuh"
 
+#ifndef H3_MMA_FORM
+#error "mma_ceiling.cu is built with -DH3_MMA_FORM (0 or 2)"
+#endif
+
 // Each warp keeps CHAINS independent accumulators so the tensor pipe never waits on a
 // dependency. Every chain has its own B operand: on sm_90 the e4m3 form is emulated as
 // HMMA(A, B, 0) followed by FADDs into C, so chains sharing A and B would share one product

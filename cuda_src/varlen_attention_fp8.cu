@@ -8,15 +8,11 @@
 //           128 is zero, and inside every 16-key group the keys are stored permuted (see 'Why the V
 //           pass permutes keys' below; varlen_attention_fp8_quant.v_key_at)
 //   s_v     f32 [segments, heads, 128]
-// Softmax (H3_ATTN_EXACT_MAX, set by the launcher):
-//   1  two passes over the keys: the first computes S only for the row max m, the second
-//      quantizes P = e4m3(256 * 2^(S - m)) against that final max, as the reference does.
-//      Costs a second QK^T (1.5x the mma work) and no O rescaling.
-//   0  one pass with the usual online max and O rescaling. P is then quantized against each
-//      block's running max, which rounds differently from the reference in every block before
-//      the row's maximum: a numpy emulation puts that at rel L2 0.018 (200 keys) to 0.025
-//      (4096 keys) against the reference on randn inputs, over a 0.02 bound, while its
-//      error against float64 attention stays the reference's own.
+// Softmax: one pass with the usual online max and O rescaling. P is quantized against each
+// block's running max, which rounds differently from the reference in every block before the
+// row's maximum: a numpy emulation puts that at rel L2 0.018 (200 keys) to 0.025 (4096 keys)
+// against the reference on randn inputs, while its error against float64 attention stays the
+// reference's own (the bound in h3kernels/testing/checks.py).
 // A persistent grid walks the plan's work tiles (start, len, first query, head, segment),
 // longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
 // stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows, then V^T rows).
@@ -28,28 +24,12 @@
 // tests/test_varlen_attention_fp8.py emulates this file lane by lane in numpy.
 #include "fp8_common.cuh"
 
-#define BQ 128   // queries per work tile (varlen_attention_fp8_plan.Q_TILE)
-#define BKV 64   // keys per pipeline block; 64 rather than 128 keeps S at 32 registers
-#define KSB 128  // keys per K scale block (varlen_attention_fp8_plan.K_BLOCK)
-#define HD 128   // head dim
-#define STAGES 4
-#define THREADS 256  // 8 warps x 16 query rows
-#define TILE_INTS 5  // plan columns: start, len, first query, head, segment
-
-// sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
-// ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
-// from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
-// softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-#define Q_IN_REGS 0
-#define SKIP_SETTLED_RESCALE 0
-#else
-#define Q_IN_REGS 1
-#define SKIP_SETTLED_RESCALE 1
-#endif
-
-#ifndef H3_ATTN_EXACT_MAX
-#define H3_ATTN_EXACT_MAX 0
+// The tile and thread constants come from h3kernels/_launch/varlen_attention_fp8.py (NVRTC -D),
+// which explains each: BQ, BKV, KSB, HD, STAGES, THREADS, TILE_INTS, and the per-arch choices
+// Q_IN_REGS and SKIP_SETTLED_RESCALE.
+#if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(THREADS) || \
+    !defined(TILE_INTS) || !defined(Q_IN_REGS) || !defined(SKIP_SETTLED_RESCALE) || !defined(H3_MMA_FORM)
+#error "varlen_attention_fp8.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8.py"
 #endif
 
 #define Q_BYTES (BQ * HD)
@@ -92,7 +72,7 @@ __device__ __forceinline__ u32 pack_p(float a, float b, float c, float d) {
 // zero-filled: they may lie past the last token) and the 128 V^T rows of the same keys (the
 // V pass zero-pads each segment to a multiple of 128 keys, so those bytes always exist).
 __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, const u8* __restrict__ vseg,
-                                        i64 k_pitch, i64 v_pitch, int j, int len, bool with_v) {
+                                        i64 k_pitch, i64 v_pitch, int j, int len) {
 #pragma unroll
   for (int i = 0; i < (BKV * HD / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 3, chunk = idx & 7;
@@ -100,7 +80,6 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
     const bool ok = key < len;
     cp_async_16(stage + swz128(row, chunk), kseg + (ok ? key * k_pitch : 0) + chunk * 16, ok ? 16 : 0);
   }
-  if (!with_v) return;
 #pragma unroll
   for (int i = 0; i < (HD * BKV / 16) / THREADS; ++i) {
     const int idx = threadIdx.x + i * THREADS, row = idx >> 2, chunk = idx & 3;
@@ -124,9 +103,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int* w = tiles + (i64)tile * TILE_INTS;
     const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
     const int end = start + len, n_blocks = (len + BKV - 1) / BKV;
-    // iteration it works on key block it % n_blocks; with H3_ATTN_EXACT_MAX the first n_blocks
-    // iterations only find the row max (K only), the rest are the PV pass
-    const int n_iter = H3_ATTN_EXACT_MAX ? 2 * n_blocks : n_blocks;
+    const int n_iter = n_blocks;
     const int kb0 = block_offset[seg];
     const u8* kseg = k8 + (i64)start * pitch + h * HD;
     const u8* vseg = v8t + (i64)h * HD * v_pitch + (i64)kb0 * KSB;
@@ -142,8 +119,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < n_iter)
-        load_kv(ring + s * STAGE_BYTES, kseg, vseg, pitch, v_pitch, s % n_blocks, len,
-                !H3_ATTN_EXACT_MAX || s >= n_blocks);
+        load_kv(ring + s * STAGE_BYTES, kseg, vseg, pitch, v_pitch, s % n_blocks, len);
       cp_async_commit();
     }
 
@@ -172,12 +148,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       for (int r = 0; r < 4; ++r) o[i][r] = 0.f;
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
     // s_k of each iteration's block is loaded one iteration ahead: read where it is used, the load's
-    // latency stalled every warp of the CTA between the QK^T and the softmax of every block. (The
-    // two-pass variant loads it in place: on sm_90 the extra register spills there.)
+    // latency stalled every warp of the CTA between the QK^T and the softmax of every block.
     const float* sk_col = s_k + (i64)kb0 * heads + h;
-#if !H3_ATTN_EXACT_MAX
     float sk_next = sk_col[0];
-#endif
 
 #pragma unroll 1
     for (int it = 0; it < n_iter; ++it) {
@@ -185,16 +158,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       __syncthreads();  // iteration it's block is visible to all; the stage of iteration it - 1 is free
       const int next = it + STAGES - 1;
       if (next < n_iter)
-        load_kv(ring + (next % STAGES) * STAGE_BYTES, kseg, vseg, pitch, v_pitch, next % n_blocks, len,
-                !H3_ATTN_EXACT_MAX || next >= n_blocks);
+        load_kv(ring + (next % STAGES) * STAGE_BYTES, kseg, vseg, pitch, v_pitch, next % n_blocks, len);
       cp_async_commit();
-      const int j = it < n_blocks ? it : it - n_blocks;
-#if H3_ATTN_EXACT_MAX
-      const float sk = sk_col[(i64)(j * BKV / KSB) * heads];
-#else
+      const int j = it;
       const float sk = sk_next;
       if (it + 1 < n_iter) sk_next = sk_col[(i64)((it + 1) * BKV / KSB) * heads];
-#endif
 
       const u32 k_base = ring + (it % STAGES) * STAGE_BYTES, v_base = k_base + K_BYTES;
       float s[BKV / 8][4];
@@ -253,21 +221,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
-#if H3_ATTN_EXACT_MAX
-      if (it < n_blocks) {  // max pass: this lane's share of the row max
-        m0 = mx0;
-        m1 = mx1;
-        if (it == n_blocks - 1) {
-#pragma unroll
-          for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
-            m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
-            m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
-          }
-        }
-        continue;
-      }
-      // The PV pass recomputes S with the same instructions, so the row max gives 2^0 = 1.
-#else
 #pragma unroll
       for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
@@ -289,7 +242,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           o[i][3] *= a1;
         }
       }
-#endif
 #pragma unroll
       for (int nt = 0; nt < BKV / 8; ++nt) {
 #pragma unroll

@@ -42,12 +42,13 @@ def _mlp_fake(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, res
 @torch.library.custom_op("h3kernels::minimax_h3_varlen_attention_fp8", mutates_args=())
 def minimax_h3_varlen_attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                                     cu_seqlens_host: Optional[List[int]] = None,
-                                    softmax_scale: Optional[float] = None) -> torch.Tensor:
+                                    softmax_scale: Optional[float] = None, fp8_mma_form: int = -1) -> torch.Tensor:
     from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8 as op
 
-    return op(q, k, v, cu_seqlens, cu_seqlens_host=cu_seqlens_host, softmax_scale=softmax_scale)
+    return op(q, k, v, cu_seqlens, cu_seqlens_host=cu_seqlens_host, softmax_scale=softmax_scale,
+              fp8_mma_form=fp8_mma_form)
 
 
 @minimax_h3_varlen_attention_fp8.register_fake
-def _attention_fake(q, k, v, cu_seqlens, cu_seqlens_host=None, softmax_scale=None):
+def _attention_fake(q, k, v, cu_seqlens, cu_seqlens_host=None, softmax_scale=None, fp8_mma_form=-1):
     return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from h3kernels.cli import compile_check
-from h3kernels._runtime import compiler as jit
+from h3kernels._runtime import compiler
 
 
 def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):
@@ -14,53 +14,53 @@ def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):
 
 
 def test_arch_mapping():
-    assert jit.arch_for((12, 0)) == "sm_120a"
-    assert jit.arch_for((9, 0)) == "sm_90"
-    assert jit.arch_for((8, 9)) == "sm_89"
+    assert compiler.arch_for((12, 0)) == "sm_120a"
+    assert compiler.arch_for((9, 0)) == "sm_90"
+    assert compiler.arch_for((8, 9)) == "sm_89"
     with pytest.raises(ValueError, match="compute capability 8.0 is not supported"):
-        jit.arch_for((8, 0))
+        compiler.arch_for((8, 0))
 
 
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     src = tmp_path / "cuda_src"
-    shutil.copytree(jit.source_dir(), src)
-    monkeypatch.setattr(jit, "source_dir", lambda: src)
+    shutil.copytree(compiler.source_dir(), src)
+    monkeypatch.setattr(compiler, "source_dir", lambda: src)
     monkeypatch.setenv("H3KERNELS_CACHE_DIR", str(tmp_path / "cache"))
     return src
 
 
 def test_cache_key_covers_included_files_and_options(sandbox):
-    opts = jit.options_for("sm_90", {"H3_MMA_FORM": 0})
-    key = jit.cache_key("mma_ceiling", opts)
-    assert jit.cache_key("mma_ceiling", opts) == key
-    assert jit.cache_key("mma_ceiling", jit.options_for("sm_120a", {"H3_MMA_FORM": 0})) != key
+    opts = compiler.options_for("sm_90", {"H3_MMA_FORM": 0})
+    key = compiler.cache_key("mma_ceiling", opts)
+    assert compiler.cache_key("mma_ceiling", opts) == key
+    assert compiler.cache_key("mma_ceiling", compiler.options_for("sm_120a", {"H3_MMA_FORM": 0})) != key
     header = sandbox / "fp8_common.cuh"
     header.write_text(header.read_text() + "\n// a comment changes the key\n")
-    assert jit.cache_key("mma_ceiling", opts) != key
+    assert compiler.cache_key("mma_ceiling", opts) != key
 
 
 def test_disk_cache_is_used_and_lives_outside_the_package(sandbox, tmp_path):
     before = sorted(p.name for p in sandbox.iterdir())
-    cubin, log, key = jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
+    cubin, log, key = compiler.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
     assert cubin[:4] == b"\x7fELF"
     cached = list((tmp_path / "cache").glob(f"*{key}.cubin"))
     assert len(cached) == 1
-    again, log2, _ = jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
+    again, log2, _ = compiler.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0})
     assert again == cubin and log2 == ""  # served from disk, not recompiled
     assert sorted(p.name for p in sandbox.iterdir()) == before
 
 
 def test_missing_include_is_a_clear_error(sandbox):
     (sandbox / "broken.cu").write_text('#include "nowhere.cuh"\n')
-    with pytest.raises(jit.CompileError, match="nowhere.cuh"):
-        jit.compile_cubin("broken", "sm_90")
+    with pytest.raises(compiler.CompileError, match="nowhere.cuh"):
+        compiler.compile_cubin("broken", "sm_90")
 
 
 def test_compile_error_carries_the_log(sandbox):
     (sandbox / "bad.cu").write_text('extern "C" __global__ void k() { undefined_thing(); }\n')
-    with pytest.raises(jit.CompileError, match="undefined_thing"):
-        jit.compile_cubin("bad", "sm_90", use_cache=False)
+    with pytest.raises(compiler.CompileError, match="undefined_thing"):
+        compiler.compile_cubin("bad", "sm_90", use_cache=False)
 
 
 def test_ptxas_log_parsing():
@@ -72,17 +72,24 @@ def test_ptxas_log_parsing():
 
 
 def test_compiling_under_the_module_lock_does_not_deadlock(sandbox):
-    # get_function compiles while it holds jit._lock, and compile_cubin takes the lock again
+    # get_function compiles while it holds compiler._lock, and compile_cubin takes the lock again
     # (through nvrtc()). A plain Lock hung every GPU test here; run it in a thread to fail, not hang.
     import threading
 
     done = []
 
     def compile_locked():
-        with jit._lock:
-            done.append(jit.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0}, use_cache=False)[0][:4])
+        with compiler._lock:
+            done.append(compiler.compile_cubin("mma_ceiling", "sm_90", {"H3_MMA_FORM": 0}, use_cache=False)[0][:4])
 
     t = threading.Thread(target=compile_locked, daemon=True)
     t.start()
     t.join(timeout=120)
-    assert done == [b"\x7fELF"], "compile_cubin blocked on jit._lock held by its caller"
+    assert done == [b"\x7fELF"], "compile_cubin blocked on compiler._lock held by its caller"
+
+
+def test_compile_check_counts_dynamic_shared_memory(monkeypatch, capsys):
+    # static smem alone fits; what a launch adds dynamically must count against the 101376 bytes too
+    monkeypatch.setattr(compile_check, "dynamic_smem", lambda name: {"h3_f32_to_e4m3": 101377})
+    assert not compile_check.check(("sm_90",), ["fp8_convert"])
+    assert "101377 B static + dynamic smem" in capsys.readouterr().out

@@ -3,28 +3,22 @@ constraints (CPU). Every stage is read back through the workspaces and checked e
 import json
 import math
 import os
-import re
 
 import pytest
 import torch
 
 import h3kernels
-from h3kernels import mlp_fp8, reference as R
-from h3kernels._runtime import compiler as jit
+from h3kernels import reference as R
+from h3kernels._launch import mlp_fp8 as L
 from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
 from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
 
-def test_gemm_constants_match_the_source_and_fit_sm120():
-    src = (jit.source_dir() / "mlp_fp8.cu").read_text()
-    define = lambda name: int(re.search(rf"#define {name} (\d+)", src).group(1))
-    assert (define("BM"), define("BN"), define("BK")) == mlp_fp8.FC1_TILE
-    assert define("STAGES") == mlp_fp8.FC1_STAGES and define("THREADS") == mlp_fp8.FC1_THREADS
-    assert define("PRODUCERS") == mlp_fp8.FC2_PRODUCERS
-    assert (define("CHUNK_COLS"), define("BM")) == (h3kernels.constants.FC2_FLAG_COLS, h3kernels.constants.FC2_FLAG_ROWS)
-    assert mlp_fp8.FC1_SMEM_BYTES <= 99 * 1024
+def test_gemm_constants_fit_the_flags_and_sm120():
+    assert (L.CHUNK_COLS, L.BM) == (h3kernels.constants.FC2_FLAG_COLS, h3kernels.constants.FC2_FLAG_ROWS)
+    assert L.SMEM_BYTES <= 99 * 1024 and FC1_OUT % L.BN == 0 and HIDDEN % L.BN == 0 and FFN % L.CHUNK_COLS == 0
 
 
 def test_flag_count():
@@ -272,13 +266,17 @@ def test_nondefault_torch_stream_and_cupy_inputs(weights):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 129, 1000])
 def test_fc1_kernel_alone(m, weights):
-    from h3kernels._runtime import arrays as dispatch
+    from h3kernels._runtime import arrays, targets
 
     a = torch.randn(m, HIDDEN, device="cuda").bfloat16()
     a_q, a_s = R.quantize_rows(a)
     y = torch.full((m, FFN), float("nan"), dtype=torch.bfloat16, device="cuda")
-    call = dispatch.Call(dict(a_q=a_q, y=y))
-    mlp_fp8._launch_fc1(call, a_q, a_s, weights["q1"], weights["s1"], y, m, mlp_fp8.mma_form(call.device_id))
+    call = arrays.Call(dict(a_q=a_q, y=y))
+    previous = call.make_current()
+    ptr = arrays.data_ptr
+    L.launch_fc1(call, targets.mma_form(call.device_id), m, ptr(a_q), ptr(a_s), ptr(weights["q1"]), ptr(weights["s1"]),
+                 ptr(y))
+    arrays.restore(previous)
     torch.cuda.synchronize()
     assert not torch.isnan(y.float()).any()
     check_y(a_q, a_s, weights["q1"], weights["s1"], y, f"fc1 alone M={m}")

@@ -137,9 +137,7 @@ def test_two_threads_on_two_streams_match_serial_calls(weights):
         serial.append((run_op(inp, weights, None, {}).clone(), attention(q, k, v, cu).clone()))
     torch.cuda.synchronize()
 
-    with jit._lock:
-        jit._modules.clear()
-        jit._functions.clear()
+    jit.clear_caches()
     results, errors = [None, None], []
     barrier = threading.Barrier(2)
 

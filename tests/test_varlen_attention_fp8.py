@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels._runtime import compiler as jit
 from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8 as A
+from h3kernels._launch import varlen_attention_fp8 as L
+from h3kernels._runtime import workspace
 from h3kernels._launch import varlen_attention_fp8_plan as P
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
 from h3kernels.testing.checks import attention_reference_misses, rel_l2
@@ -24,39 +25,16 @@ from h3kernels.constants import HEAD_DIM
 from h3kernels.testing.inputs import cu_seqlens_of
 
 
-def defines():
-    src = (jit.source_dir() / "varlen_attention_fp8.cu").read_text()
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (\w+) (\d+)\b", src, re.M)}
-
-
-def test_constants_match_the_source_and_fit_sm120():
-    d = defines()
-    assert d["BQ"] == A.Q_TILE == P.Q_TILE and d["KSB"] == A.K_BLOCK == P.K_BLOCK
-    assert d["HD"] == HEAD_DIM and d["TILE_INTS"] == A.TILE_INTS == P.TILE_COLS
-    assert (d["BKV"], d["STAGES"], d["THREADS"]) == (A.BKV, A.STAGES, A.THREADS)
-    assert A.SMEM_BYTES == d["BQ"] * d["HD"] + d["STAGES"] * 2 * d["BKV"] * d["HD"]
-    assert A.SMEM_BYTES <= 99 * 1024
+def test_constants_fit_the_kernel_and_sm120():
     # a key block lies inside one K scale block; P fills whole k32 steps; one warp per 16 queries
-    assert A.K_BLOCK % A.BKV == 0 and A.BKV % 32 == 0 and A.THREADS // 32 * 16 == A.Q_TILE
+    assert L.KSB % L.BKV == 0 and L.BKV % 32 == 0 and L.THREADS // 32 * 16 == L.BQ
+    assert L.BQ == P.Q_TILE and L.KSB == P.K_BLOCK and L.TILE_INTS == P.TILE_COLS and L.HD == HEAD_DIM
+    assert L.SMEM_BYTES <= 99 * 1024
     assert Q.K_BLOCK == HEAD_DIM == 128  # the V pass uses one thread per channel, then per key column
 
 
-def test_the_sources_default_softmax_is_the_launchers():
-    assert defines()["H3_ATTN_EXACT_MAX"] == int(A.EXACT_MAX)  # so compile_check checks what runs
-
-
-@pytest.mark.parametrize("arch,form", [("sm_120a", 1), ("sm_90", 0)])
-def test_the_other_softmax_variant_compiles_without_spills(arch, form):
-    from h3kernels.cli import compile_check
-
-    _, log, _ = jit.compile_cubin("varlen_attention_fp8", arch, {"H3_MMA_FORM": form,
-                                  "H3_ATTN_EXACT_MAX": int(not A.EXACT_MAX)}, ("-Xptxas=-v",), use_cache=False)
-    r = compile_check.parse_ptxas(log)["h3_varlen_attention_fp8"]
-    assert r["spill_st"] == r["spill_ld"] == 0, r
-
-
 def test_workspace_layout_is_aligned_and_disjoint():
-    parts, total = A.layout(1000, 56, 7, 13)
+    parts, total = L.layout(1000, 56, 7, 13)
     spans = sorted((off, off + int(np.prod(shape)) * np.dtype(dt).itemsize) for off, shape, dt in parts.values())
     assert all(off % 256 == 0 for off, _ in spans) and spans[-1][1] <= total
     assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))
@@ -69,13 +47,12 @@ E4M3_VALUE = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.flo
 LANE = np.arange(32)
 G, T, LQ, LR = LANE >> 2, LANE & 3, LANE >> 3, LANE & 7
 _I16, _I8, _I4 = np.arange(16), np.arange(8), np.arange(4)
-# docs/design.md (the m16n8k32 e4m3 fragments), per lane and fragment byte (C: per register)
+# docs/spec.md's m16n8k32 e4m3 fragment layout, per lane and fragment byte (C: per register)
 A_ROW, A_COL = G[:, None] + 8 * ((_I16 // 4) % 2), 4 * T[:, None] + _I16 % 4 + 16 * (_I16 // 8)
 B_N, B_K = np.broadcast_to(G[:, None], (32, 8)), 4 * T[:, None] + _I8 % 4 + 16 * (_I8 // 4)
 C_ROW, C_COL = G[:, None] + 8 * (_I4 // 2), 2 * T[:, None] + _I4 % 2
 
-D = defines()
-BQ, BKV, KSB, HD, STAGES, THREADS = D["BQ"], D["BKV"], D["KSB"], D["HD"], D["STAGES"], D["THREADS"]
+BQ, BKV, KSB, HD, STAGES, THREADS = L.BQ, L.BKV, L.KSB, L.HD, L.STAGES, L.THREADS
 Q_BYTES, K_BYTES = BQ * HD, BKV * HD
 STAGE_BYTES = K_BYTES + HD * BKV
 WARPS = THREADS // 32
@@ -132,10 +109,9 @@ def pack_p(*ps):
     return out
 
 
-def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, exact_max):
-    """The kernel, statement by statement, for every tile in turn (all warps at once), with
-    H3_ATTN_EXACT_MAX = exact_max. Returns out as float32 [tokens, heads, 128], NaN where nothing
-    was written."""
+def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2):
+    """The kernel, statement by statement, for every tile in turn (all warps at once). Returns
+    out as float32 [tokens, heads, 128], NaN where nothing was written."""
     tokens = q8.shape[0]
     q8f, k8f, v8f = q8.reshape(-1), k8.reshape(-1), v8t.reshape(-1)
     s_qf, s_kf, s_vf = s_q.reshape(-1), s_k.reshape(-1), s_v.reshape(-1)
@@ -146,15 +122,13 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
     warp, lq, lr, g = np.arange(WARPS)[:, None], LQ[None], LR[None], G[None]
     f32 = np.float32
 
-    def load_kv(stage, kseg, vseg, j, length, with_v):
+    def load_kv(stage, kseg, vseg, j, length):
         for i in range(BKV * HD // 16 // THREADS):
             idx = tid + i * THREADS
             row, chunk = idx >> 3, idx & 7
             key = j * BKV + row
             ok = key < length
             cp_async_16(smem, stage + swz128(row, chunk), k8f, kseg + np.where(ok, key * pitch, 0) + chunk * 16, ok)
-        if not with_v:
-            return
         for i in range(HD * BKV // 16 // THREADS):
             idx = tid + i * THREADS
             row, chunk = idx >> 2, idx & 3
@@ -163,7 +137,7 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
 
     for start, length, q0, h, seg in tiles.tolist():
         end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
-        n_iter = 2 * n_blocks if exact_max else n_blocks
+        n_iter = n_blocks
         kseg, vseg = start * pitch + h * HD, h * HD * v_pitch + kb0 * KSB
         for i in range(BQ * HD // 16 // THREADS):
             idx = tid + i * THREADS
@@ -173,7 +147,7 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
             cp_async_16(smem, swz128(row, chunk), q8f, np.where(ok, tok * pitch + h * HD, 0) + chunk * 16, ok)
         for s in range(STAGES - 1):
             if s < n_iter:
-                load_kv(Q_BYTES + s * STAGE_BYTES, kseg, vseg, s % n_blocks, length, not exact_max or s >= n_blocks)
+                load_kv(Q_BYTES + s * STAGE_BYTES, kseg, vseg, s % n_blocks, length)
         row0 = q0 + warp * 16 + g
         row1 = row0 + 8
         sq = lambda r: np.where(r < end, s_qf[np.minimum(r, tokens - 1) * heads + h] * f32(scale_log2), f32(0))
@@ -186,9 +160,8 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
         for it in range(n_iter):
             nxt = it + STAGES - 1
             if nxt < n_iter:
-                load_kv(Q_BYTES + (nxt % STAGES) * STAGE_BYTES, kseg, vseg, nxt % n_blocks, length,
-                        not exact_max or nxt >= n_blocks)
-            j = it if it < n_blocks else it - n_blocks
+                load_kv(Q_BYTES + (nxt % STAGES) * STAGE_BYTES, kseg, vseg, nxt % n_blocks, length)
+            j = it
             k_base = Q_BYTES + (it % STAGES) * STAGE_BYTES
             v_base = k_base + K_BYTES
             s = np.zeros((WARPS, 32, BKV // 8, 4), f32)
@@ -207,19 +180,12 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
             mx0 = np.maximum(m0, s[..., 0:2].max(axis=(2, 3)))
             mx1 = np.maximum(m1, s[..., 2:4].max(axis=(2, 3)))
             quad = lambda x: x.reshape(WARPS, 8, 4).max(axis=2).repeat(4, axis=1)  # shuffles over the 4 lanes
-            if exact_max:
-                if it < n_blocks:
-                    m0, m1 = mx0, mx1
-                    if it == n_blocks - 1:
-                        m0, m1 = quad(m0), quad(m1)
-                    continue
-            else:
-                mx0, mx1 = quad(mx0), quad(mx1)
-                a0, a1 = np.exp2(m0 - mx0).astype(f32), np.exp2(m1 - mx1).astype(f32)
-                m0, m1 = mx0, mx1
-                l0, l1 = l0 * a0, l1 * a1
-                o[..., 0:2] *= a0[..., None, None]
-                o[..., 2:4] *= a1[..., None, None]
+            mx0, mx1 = quad(mx0), quad(mx1)
+            a0, a1 = np.exp2(m0 - mx0).astype(f32), np.exp2(m1 - mx1).astype(f32)
+            m0, m1 = mx0, mx1
+            l0, l1 = l0 * a0, l1 * a1
+            o[..., 0:2] *= a0[..., None, None]
+            o[..., 2:4] *= a1[..., None, None]
             s[..., 0:2] = np.exp2(s[..., 0:2] - m0[..., None, None])
             s[..., 2:4] = np.exp2(s[..., 2:4] - m1[..., None, None])
             l0 = l0 + s[..., 0:2].sum(axis=(2, 3), dtype=f32)
@@ -275,16 +241,18 @@ def emulation_case():
     seqlens, heads = [1, 60, 0, 200, 129], 2  # 60: one key block
     q, k, v, _, cu = random_inputs(seqlens, heads, k_offset=20.0, seed=1)
     tiles, block_offset = P.plan_host(cu, heads)
-    args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * A.LOG2E))
+    args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
     return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
 
 
-def test_emulated_kernel_with_exact_max_matches_the_reference(emulation_case):
+def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
     args, want, exact = emulation_case
-    got = emulate_kernel(*args, exact_max=True)
+    got = emulate_kernel(*args)
     assert not np.isnan(got).any()  # every (token, head) written exactly by its tile
-    # P quantized against the same max: what is left is FP32 order and the one bf16 rounding
-    assert rel_l2(got, want) <= 0.003, rel_l2(got, want)
+    # one key block (<= 64 keys): the online max is the final max, so P is the reference's
+    assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
+    # longer: P rounds against running maxima (see the .cu's header comment)
+    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
     assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
 
     # the check has teeth: V in plain key order (no v_key_at permutation) is far off
@@ -293,19 +261,8 @@ def test_emulated_kernel_with_exact_max_matches_the_reference(emulation_case):
     plain = np.zeros_like(v8t)
     for b in range(v8t.shape[2] // 128):
         plain[:, :, b * 128 + perm] = v8t[:, :, b * 128:(b + 1) * 128]
-    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, exact_max=True)
+    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2)
     assert rel_l2(bad[61:], want[61:]) > 0.2
-
-
-def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
-    args, want, exact = emulation_case
-    got = emulate_kernel(*args, exact_max=False)
-    assert not np.isnan(got).any()
-    # one key block (<= 64 keys): the online max is the final max, so P is the reference's
-    assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
-    # longer: P rounds against running maxima (see the .cu's header comment)
-    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
-    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -395,7 +352,7 @@ def test_cpu_tensors_are_refused_before_anything_runs():
 
 
 def test_workspace_bytes_without_workspaces_needs_no_gpu():
-    if not A._workspaces:
+    if not workspace._workspaces:
         assert h3kernels.workspace_bytes() == 0
 
 
@@ -462,26 +419,6 @@ SEGMENT_SETS = [
 @pytest.mark.parametrize("seqlens,heads", SEGMENT_SETS, ids=[f"{len(s)}seg-{h}h" for s, h in SEGMENT_SETS])
 def test_matches_reference_and_exact(seqlens, heads):
     check_accuracy(seqlens, heads)
-
-
-@pytest.mark.gpu
-def test_the_exact_max_variant(monkeypatch):
-    """EXACT_MAX = True (two passes over the keys; the launcher reads it at every call): P rounds
-    against the row's final max, as the reference's does, so it meets a 0.02 bound with room."""
-    monkeypatch.setattr(A, "EXACT_MAX", True)
-    check_accuracy([1, 60, 0, 64, 300, 1000, 4096], 8, seed=31)
-
-
-@pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="a rel L2 <= 0.02 against the reference does not hold for the "
-                   "online softmax on long segments: P rounds against running maxima (about 0.025 on 4096 random "
-                   "keys; the .cu's header comment and docs/perf.md). EXACT_MAX = True meets it.")
-def test_online_softmax_meets_0p02_on_long_segments(monkeypatch):
-    monkeypatch.setattr(A, "EXACT_MAX", False)
-    q, k, v, cu_dev, cu = random_inputs([4096], 8, seed=37, device="cuda")
-    got = run_op(q, k, v, cu_dev, cu)
-    want = R.attention_fp8(q, k, v, cu)
-    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
 
 
 @pytest.mark.gpu
@@ -574,7 +511,7 @@ def test_two_streams_at_once_match_serial_runs():
     for out, want in zip(outs, serial):
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     dev = torch.cuda.current_device()
-    held = {key: ws.nbytes for key, ws in A._workspaces.items() if key[0] == dev}
+    held = {key: ws.nbytes for key, ws in workspace._workspaces.items() if key[0] == dev}
     for s in streams:
         assert held.get((dev, s.cuda_stream), 0) > 0  # one buffer per stream
     assert h3kernels.workspace_bytes(dev) == sum(held.values()) == h3kernels.workspace_bytes(f"cuda:{dev}")
@@ -654,7 +591,8 @@ def test_the_benchmarks_reference_rows_are_the_references(monkeypatch):
 
 
 def test_workspace_device_arguments():
-    assert A._device_id("cuda:3") == 3 and A._device_id(2) == 2 and A._device_id(torch.device("cuda", 1)) == 1
+    assert (workspace.device_id("cuda:3") == 3 and workspace.device_id(2) == 2
+            and workspace.device_id(torch.device("cuda", 1)) == 1)
     for bad in ("gpu", "cuda:x", "cuda:\u00b2", 1.5):
         with pytest.raises(TypeError, match="^device: got "):
-            A._device_id(bad)
+            workspace.device_id(bad)

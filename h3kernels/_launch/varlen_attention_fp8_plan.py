@@ -17,9 +17,24 @@ TILE_COLS = 5  # start, length, first query, head, segment (cuda_src/varlen_atte
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_host(cu, heads):
+def _blocks(cu):
+    """The one numbering of the 128-key blocks (K scale blocks, V column blocks), segment after
+    segment from each segment's start: (block_offset int32 [segments + 1], blocks int64 [n, 3]
+    of (segment, first key, keys))."""
     cu = np.asarray(cu, dtype=np.int64)
-    starts, lens = cu[:-1], np.diff(cu)
+    starts, ends = cu[:-1], cu[1:]
+    counts = -(-(ends - starts) // K_BLOCK)
+    block_offset = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    seg = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    first = starts[seg] + (np.arange(int(block_offset[-1]), dtype=np.int64) - block_offset[seg]) * K_BLOCK
+    blocks = np.stack([seg, first, np.minimum(K_BLOCK, ends[seg] - first)], axis=1).reshape(-1, 3)
+    return block_offset, blocks
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_host(cu, heads):
+    cu_arr = np.asarray(cu, dtype=np.int64)
+    starts, lens = cu_arr[:-1], np.diff(cu_arr)
     order = np.argsort(-lens, kind="stable")  # longest first; equal lengths keep their order
     rows = []
     for s in order:
@@ -29,10 +44,7 @@ def _plan_host(cu, heads):
             for q0 in range(0, int(lens[s]), Q_TILE):
                 rows.append((starts[s], lens[s], starts[s] + q0, h, s))
     tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
-    # first K scale block of each segment: blocks are numbered segment after segment
-    blocks = -(-lens // K_BLOCK)
-    block_offset = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32)
-    return tiles, block_offset
+    return tiles, _blocks(cu)[0]
 
 
 def plan_host(cu_seqlens_host, heads):
@@ -40,15 +52,12 @@ def plan_host(cu_seqlens_host, heads):
     return _plan_host(tuple(int(c) for c in cu_seqlens_host), int(heads))
 
 
-@functools.lru_cache(maxsize=256)
-def _plan_device(cu, heads, device):
-    import torch
+def key_blocks(cu_seqlens_host):
+    """int64 [n, 3]: (segment, first key, keys) of every 128-key block, in block_offset's numbering."""
+    return _blocks(tuple(int(c) for c in cu_seqlens_host))[1]
 
+
+def plan_arrays(cu, heads):
+    """(tiles, block_offset, blocks) for a tuple of ints cu: what the attention uploads."""
     tiles, block_offset = _plan_host(cu, heads)
-    return (torch.from_numpy(tiles).to(device, non_blocking=True),
-            torch.from_numpy(block_offset).to(device, non_blocking=True))
-
-
-def plan_on_device(cu_seqlens_host, heads, device):
-    """The plan as torch int32 tensors on `device`, uploaded once per distinct plan."""
-    return _plan_device(tuple(int(c) for c in cu_seqlens_host), int(heads), str(device))
+    return tiles, block_offset, _blocks(cu)[1]

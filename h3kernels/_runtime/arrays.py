@@ -1,15 +1,16 @@
 """The one bridge between the caller's arrays (torch or CuPy) and our kernels.
 
 A `Call` is opened on the named arguments of one operator call. It checks that they are all
-of one kind and on one device, hands out raw-bit Numba views of them (bf16 as uint16, e4m3 as
-uint8) built from pointer, shape and strides alone, allocates results of the caller's kind,
-and gives the caller's current stream to the launches. Nothing here synchronizes the host.
+of one kind and on one device, reads the caller's current stream (a raw handle: every launch
+goes on it), allocates results of the caller's kind, and makes the call's device current for
+the launches only where it is not already. Nothing here synchronizes the host.
 """
 import contextlib
 import functools
 
 BF16, E4M3, F32, I64, I32 = "bfloat16", "float8_e4m3fn", "float32", "int64", "int32"
-_RAW = {BF16: "uint16", E4M3: "uint8", F32: "float32", I64: "int64", I32: "int32"}
+RAW = {BF16: "uint16", E4M3: "uint8", F32: "float32", I64: "int64", I32: "int32"}
+ITEMSIZE = {BF16: 2, E4M3: 1, F32: 4, I64: 8, I32: 4}
 
 
 def _torch():
@@ -24,42 +25,90 @@ def _cupy():
     return cupy
 
 
+_kind_by_type = {}
+
+
 def kind_of(a):
     """'torch' or 'cupy', without importing a framework the caller did not use."""
-    mod = type(a).__module__.split(".")[0]
+    t = type(a)
+    try:
+        return _kind_by_type[t]  # every call asks this dozens of times: once per type
+    except KeyError:
+        pass
+    mod = t.__module__.split(".")[0]
+    kind = None
     if mod == "torch" and isinstance(a, _torch().Tensor):
-        return "torch"
-    if mod == "cupy" and isinstance(a, _cupy().ndarray):
-        return "cupy"
-    return None
+        kind = "torch"
+    elif mod == "cupy" and isinstance(a, _cupy().ndarray):
+        kind = "cupy"
+    _kind_by_type[t] = kind
+    return kind
+
+
+_torch_dtype_names = {}
+
+
+def _torch_dtypes():
+    if not _torch_dtype_names:
+        t = _torch()
+        _torch_dtype_names.update({t.bfloat16: BF16, t.float8_e4m3fn: E4M3, t.float32: F32, t.int64: I64,
+                                   t.int32: I32})
+    return _torch_dtype_names
+
+
+_CUPY_DTYPES = {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8": E4M3, "float32": F32,
+                "int64": I64, "int32": I32}
 
 
 def logical_dtype(a):
     """The contract's dtype name of a torch tensor or CuPy array, or None if it has none."""
     if kind_of(a) == "torch":
-        t = _torch()
-        return {t.bfloat16: BF16, t.float8_e4m3fn: E4M3, t.float32: F32, t.int64: I64,
-                t.int32: I32}.get(a.dtype)
-    name = a.dtype.name
-    return {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8": E4M3,
-            "float32": F32, "int64": I64, "int32": I32}.get(name)
+        return (_torch_dtype_names or _torch_dtypes()).get(a.dtype)
+    return _CUPY_DTYPES.get(a.dtype.name)
 
 
 def strides_elems(a):
     if kind_of(a) == "torch":
-        return tuple(a.stride())
+        return a.stride()  # a tuple already
     return tuple(s // a.itemsize for s in a.strides)
 
 
 def data_ptr(a):
-    return a.data_ptr() if kind_of(a) == "torch" else a.data.ptr
+    try:
+        return a.data_ptr()  # torch
+    except AttributeError:
+        return a.data.ptr  # CuPy
+
+
+def nbytes(a):
+    return a.numel() * a.element_size() if kind_of(a) == "torch" else int(a.nbytes)
+
+
+def _torch_stream(device_id):
+    t = _torch()
+    raw = getattr(t._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
+    if raw is not None:
+        return raw(device_id)
+    return t.cuda.current_stream(device_id).cuda_stream
+
+
+def _cupy_stream_ptr(device_id):
+    cp = _cupy()
+    try:
+        return cp.cuda.get_current_stream(device_id).ptr
+    except TypeError:  # a CuPy without the device argument
+        with cp.cuda.Device(device_id):
+            return cp.cuda.get_current_stream().ptr
 
 
 class Call:
     """One operator call's view of its arguments: kind, device, stream."""
 
+    __slots__ = ("kind", "device_id", "stream_ptr", "_capturing")
+
     def __init__(self, named):
-        kinds = {}
+        kind = first = None
+        device_id = None
         for name, a in named.items():
             if a is None:
                 continue
@@ -67,104 +116,93 @@ class Call:
             if k is None:
                 raise TypeError(f"{name}: got {type(a).__module__}.{type(a).__name__}; "
                                 "need a torch CUDA tensor or a CuPy array")
-            kinds.setdefault(k, name)
-        if len(kinds) > 1:
-            (ka, na), (kb, nb) = list(kinds.items())[:2]
-            raise TypeError(f"{nb}: got a {kb} array while {na} is a {ka} array; "
-                            "need every array of one call to be of one kind")
-        if not kinds:
-            raise TypeError("no array arguments")
-        self.kind = next(iter(kinds))
-        self.device_id = None
-        first = None
-        for name, a in named.items():
-            if a is None:
-                continue
-            if self.kind == "torch" and a.device.type != "cuda":
-                raise ValueError(f"{name}: got a tensor on {a.device}; need a CUDA tensor")
-            dev = a.device.index if self.kind == "torch" else a.device.id
-            if self.device_id is None:
-                self.device_id, first = dev, name
-            elif dev != self.device_id:
+            if kind is None:
+                kind = k
+            elif k != kind:
+                raise TypeError(f"{name}: got a {k} array while {first} is a {kind} array; "
+                                "need every array of one call to be of one kind")
+            if k == "torch":
+                dev = a.get_device()
+                if dev < 0:
+                    raise ValueError(f"{name}: got a tensor on {a.device}; need a CUDA tensor")
+            else:
+                dev = a.device.id
+            if device_id is None:
+                device_id, first = dev, name
+            elif dev != device_id:
                 raise ValueError(f"{name}: got an array on cuda:{dev} while {first} is on "
-                                 f"cuda:{self.device_id}; need one device")
-        if self.kind == "torch":
-            self.stream_ptr = _torch().cuda.current_stream(self.device_id).cuda_stream
-        else:
-            with _cupy().cuda.Device(self.device_id):
-                self.stream_ptr = _cupy().cuda.get_current_stream().ptr
+                                 f"cuda:{device_id}; need one device")
+        if kind is None:
+            raise TypeError("no array arguments")
+        self.kind, self.device_id = kind, device_id
+        self.stream_ptr = _torch_stream(device_id) if kind == "torch" else _cupy_stream_ptr(device_id)
+        self._capturing = None
 
-    @functools.cached_property
+    @property
     def capturing(self):
         """Whether the call's stream is capturing a CUDA graph: then nothing may synchronize,
         allocate outside the graph's pool, or upload from pageable host memory."""
-        return _cupy().cuda.runtime.streamIsCapturing(self.stream_ptr) != 0
+        if self._capturing is None:
+            self._capturing = _cupy().cuda.runtime.streamIsCapturing(self.stream_ptr) != 0
+        return self._capturing
 
     @contextlib.contextmanager
     def active(self):
-        """Makes this call's device and stream CuPy's current ones (allocations are stream-ordered)."""
+        """Makes this call's device and stream CuPy's current ones (for CuPy work off the hot path)."""
         with _cupy().cuda.Device(self.device_id), cupy_stream(self.stream_ptr, self.device_id):
             yield
 
-    def numba(self, a, view=None):
-        """A Numba device view of `a` in raw bits, reinterpreted as `view` if given (e.g. 'uint64'
-        for bf16 quads along the last axis). Built from the pointer, shape and strides alone, and
-        imported without a host sync."""
-        raw = _RAW[logical_dtype(a)]
-        return _numba_view(data_ptr(a), tuple(a.shape), strides_elems(a), raw, view, owner=a)
-
-    def numba_span(self, a, view=None):
-        """A flat 1-D Numba view from a's first element through its last (strided rows, no copy)."""
-        last = sum((n - 1) * s for n, s in zip(a.shape, strides_elems(a)))
-        return _numba_view(data_ptr(a), (last + 1,), (1,), _RAW[logical_dtype(a)], view, owner=a)
-
-    def numba_stream(self):
-        from numba import cuda
-
-        return cuda.external_stream(self.stream_ptr)
-
-    @contextlib.contextmanager
-    def numba_device(self):
-        from numba import cuda
-
-        with cuda.gpus[self.device_id]:
-            yield
+    def make_current(self):
+        """Makes the call's device current if it is not (returns what restore() needs)."""
+        return make_current(self.device_id)
 
     def empty(self, shape, dtype):
         """A new array of the caller's kind on the call's device, stream-ordered."""
         if self.kind == "torch":
-            t = _torch()
-            tdt = {BF16: t.bfloat16, E4M3: t.float8_e4m3fn, F32: t.float32, I64: t.int64, I32: t.int32}[dtype]
-            return t.empty(shape, dtype=tdt, device=f"cuda:{self.device_id}")
-        cp = _cupy()
+            return _torch().empty(shape, dtype=torch_dtype(dtype), device=torch_device(self.device_id))
         with self.active():
-            return cp.empty(shape, dtype=cupy_dtype(dtype))
+            return _cupy().empty(shape, dtype=cupy_dtype(dtype))
 
 
-def _numba_view(ptr, shape, strides, raw, view, owner):
-    """Numba array over device memory at ptr; `view` reinterprets the (unit-stride) last axis."""
-    import numpy as np
-    from numba import cuda
-
-    item = np.dtype(raw).itemsize
-    dt = np.dtype(view or raw)
-    if dt.itemsize != item:
-        ratio = dt.itemsize // item
-        shape = shape[:-1] + (shape[-1] // ratio,)
-        strides = tuple(s // ratio for s in strides[:-1]) + (1,)
-        item = dt.itemsize
-    desc = dict(shape=shape, strides=tuple(s * item for s in strides), typestr=dt.str,
-                data=(ptr, False), version=3)
-    return cuda.from_cuda_array_interface(desc, owner=owner, sync=False)
+@functools.lru_cache(maxsize=None)
+def torch_device(device_id):
+    return _torch().device("cuda", device_id)
 
 
-def numba_buffer(ptr, shape, raw, owner):
-    """A C-contiguous Numba view of `shape` elements of dtype `raw` at device address ptr."""
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= int(n)
-    return _numba_view(ptr, tuple(shape), tuple(reversed(strides)), raw, None, owner)
+@functools.lru_cache(maxsize=None)
+def torch_dtype(dtype):
+    return {v: k for k, v in _torch_dtypes().items()}[dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def primary_context(device_id):
+    """The CUcontext the runtime uses on device `device_id` (its primary context)."""
+    cp = _cupy()
+    from cupy_backends.cuda.api import driver
+
+    with cp.cuda.Device(device_id):
+        cp.cuda.runtime.free(0)  # binds the primary context to this thread if nothing has yet
+        return driver.ctxGetCurrent()
+
+
+def make_current(device_id):
+    """Makes device `device_id`'s context current unless it already is; returns the context to
+    restore (None: nothing changed). One driver call when nothing changes."""
+    from cupy_backends.cuda.api import driver
+
+    want = primary_context(device_id)
+    have = driver.ctxGetCurrent()
+    if have == want:
+        return None
+    driver.ctxSetCurrent(want)
+    return have
+
+
+def restore(previous):
+    if previous is not None:
+        from cupy_backends.cuda.api import driver
+
+        driver.ctxSetCurrent(previous)
 
 
 class _StreamHandle:
@@ -177,13 +215,23 @@ class _StreamHandle:
         return (0, self.ptr)
 
 
+_cupy_streams = {}
+
+
 def cupy_stream(ptr, device_id):
-    """A CuPy stream object for a raw handle (CuPy 14: from_external; CuPy 13: ExternalStream)."""
-    cp = _cupy()
-    if hasattr(cp.cuda.Stream, "from_external"):
-        with cp.cuda.Device(device_id):
-            return cp.cuda.Stream.from_external(_StreamHandle(ptr))
-    return cp.cuda.ExternalStream(ptr, device_id)
+    """The CuPy stream object of a raw handle, made once per (device, handle) (CuPy 14:
+    from_external; CuPy 13: ExternalStream). It only wraps the handle: a handle that CUDA hands
+    out again for a new stream is the same stream to every launch."""
+    s = _cupy_streams.get((device_id, ptr))
+    if s is None:
+        cp = _cupy()
+        if hasattr(cp.cuda.Stream, "from_external"):
+            with cp.cuda.Device(device_id):
+                s = cp.cuda.Stream.from_external(_StreamHandle(ptr))
+        else:
+            s = cp.cuda.ExternalStream(ptr, device_id)
+        _cupy_streams[(device_id, ptr)] = s
+    return s
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,4 +247,4 @@ def cupy_dtype(dtype):
             return want
         except Exception:
             pass
-    return _RAW[dtype]
+    return RAW[dtype]

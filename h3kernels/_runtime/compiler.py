@@ -1,11 +1,12 @@
-"""Kernel loader: cuda_src/*.cu -> NVRTC cubin per arch -> CuPy module, cached in memory and on disk.
+"""Kernel images and their loader: cuda_src/*.cu -> NVRTC cubin per arch, and the PTX of the
+Numba kernels (h3kernels._launch.numba_ptx), both cached on disk, loaded as driver modules once
+per device, and handed out as `launcher.Kernel`s.
 
 NVRTC is called directly (CuPy's binding, else cuda-python's), so compiling needs no GPU;
 only loading does. The cache key covers the NVRTC version, the options and the text of the
 source and of every file it includes. The disk cache lives under $H3KERNELS_CACHE_DIR, else
 $XDG_CACHE_HOME/h3kernels, else ~/.cache/h3kernels; nothing is ever written inside the package.
 """
-import functools
 import hashlib
 import os
 import re
@@ -13,14 +14,28 @@ import tempfile
 import threading
 from pathlib import Path
 
-ARCH_BY_CC = {(12, 0): "sm_120a", (9, 0): "sm_90", (8, 9): "sm_89"}
-MMA_FORMS = {"sm_120a": (0, 1, 2), "sm_90": (0,), "sm_89": (0,)}
+from h3kernels._runtime.targets import ARCH_BY_CC, MMA_FORMS, arch_for, device_cc, device_properties  # noqa: F401
+
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
-_lock = threading.RLock()  # get_function holds it while compile_cubin takes it again
-_modules = {}
-_functions = {}  # one CuPy Function per (module, kernel): each get_function is a driver call
+_lock = threading.RLock()  # kernel() holds it while compile_cubin takes it again
+_modules = {}  # (image identity, device id) -> CuPy Module
+_kernels = {}  # (image identity, device id, kernel) -> launcher.Kernel
+_caches = [_modules, _kernels]  # what clear_caches() empties: these and the launch modules' own
+
+
+def cache(d):
+    """Registers a launch module's cache of kernels (a dict) with clear_caches(); returns it."""
+    _caches.append(d)
+    return d
+
+
+def clear_caches():
+    """Forgets every loaded module and kernel (the disk cache stays): the next launches load again."""
+    with _lock:
+        for d in _caches:
+            d.clear()
 
 
 class CompileError(RuntimeError):
@@ -46,14 +61,6 @@ def cache_dir():
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "h3kernels"
-
-
-def arch_for(cc):
-    cc = tuple(cc)
-    if cc in ARCH_BY_CC:  # exact: an sm_120a cubin loads on compute capability 12.0 only
-        return ARCH_BY_CC[cc]
-    supported = ", ".join(f"sm_{a}{b}" for a, b in ARCH_BY_CC)
-    raise ValueError(f"device: compute capability {cc[0]}.{cc[1]} is not supported; need one of {supported}")
 
 
 def read_with_includes(name):
@@ -158,67 +165,75 @@ def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=No
         return path.read_bytes(), "", key
     main, headers = read_with_includes(name)
     cubin, log = nvrtc(backend).compile(main, f"{name}.cu", headers, options)
-    if not use_cache:
-        return cubin, log, key
+    if use_cache:
+        write_cache(path, cubin)
+    return cubin, log, key
+
+
+def write_cache(path, data):
+    """Writes a cache file atomically: a concurrent reader sees all of it or nothing."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+            f.write(data)
+        os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs a recompile
-    return cubin, log, key
 
 
-@functools.lru_cache(maxsize=None)
-def device_properties(device_id):
-    """cudaGetDeviceProperties, once per device: it is slow and launches need it every call."""
+def load_kernel(ident, image, kernel, device_id, params, dynamic_smem=0):
+    """The launcher.Kernel for `kernel` of a module image (cubin, or NUL-terminated PTX), loaded
+    once per (ident, device): `image` is a function that returns the bytes, called on the first
+    load only. params: the kernel's parameter formats (launcher.Kernel). dynamic_smem: bytes of
+    dynamic shared memory its launches ask for; above the default 48 KB the function's limit is
+    raised once, here."""
+    k = _kernels.get((ident, device_id, kernel))
+    if k is not None:
+        return k
     import cupy
+    from cupy_backends.cuda.api import driver
 
-    props = dict(cupy.cuda.runtime.getDeviceProperties(device_id))
-    if isinstance(props.get("name"), bytes):
-        props["name"] = props["name"].decode()
-    return props
+    from h3kernels._runtime import launcher
 
-
-def device_cc(device_id):
-    props = device_properties(device_id)
-    return props["major"], props["minor"]
-
-
-def get_function(name, kernel, device_id, defines=None, dynamic_smem=0):
-    """The CuPy kernel function `kernel` of cuda_src/<name>.cu for device `device_id`, loaded once.
-    dynamic_smem: bytes of dynamic shared memory its launches ask for; above the default 48 KB
-    the function's limit is raised once, here (a Module function has no attribute setter)."""
-    import cupy
-
-    arch = arch_for(device_cc(device_id))
-    defines = dict(defines or {})
-    ident = (name, arch, tuple(sorted(defines.items())), device_id)
     with _lock:
-        f = _functions.get(ident + (kernel,))
-        if f is not None:
-            return f
-        mod = _modules.get(ident)
-        if mod is None:
-            cubin, _, _ = compile_cubin(name, arch, defines)
-            with cupy.cuda.Device(device_id):
+        k = _kernels.get((ident, device_id, kernel))
+        if k is not None:
+            return k
+        with cupy.cuda.Device(device_id):
+            mod = _modules.get((ident, device_id))
+            if mod is None:
                 mod = cupy.cuda.function.Module()
-                mod.load(cubin)
-            _modules[ident] = mod
-        f = mod.get_function(kernel)
-        if dynamic_smem > 48 * 1024:
-            from cupy_backends.cuda.api import driver
-
-            with cupy.cuda.Device(device_id):
+                mod.load(image())
+                _modules[(ident, device_id)] = mod
+            f = mod.get_function(kernel)
+            if dynamic_smem > 48 * 1024:
                 driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
-        _functions[ident + (kernel,)] = f
-        return f
+            k = launcher.Kernel(f, device_id, params, dynamic_smem)
+        _kernels[(ident, device_id, kernel)] = k
+        return k
+
+
+def kernel(name, kernel_name, device_id, defines, params, dynamic_smem=0):
+    """`kernel_name` of cuda_src/<name>.cu built with `defines` for device `device_id`."""
+    defines = tuple(sorted(defines.items()))
+    ident = ("nvrtc", name, defines)
+    k = _kernels.get((ident, device_id, kernel_name))
+    if k is not None:
+        return k
+    arch = arch_for(device_cc(device_id))
+    return load_kernel(ident, lambda: compile_cubin(name, arch, dict(defines))[0], kernel_name, device_id, params,
+                       dynamic_smem)
+
+
+def get_function(name, kernel_name, device_id, defines=None, dynamic_smem=0):
+    """The CuPy Function of `kernel_name` (for callers that launch through CuPy: the peers, the
+    tests of single kernels)."""
+    return kernel(name, kernel_name, device_id, dict(defines or {}), None, dynamic_smem).function
 
 
 def cache_usage():
     """(directory, files, bytes) of the disk cache."""
     d = cache_dir()
-    files = list(d.glob("*.cubin")) if d.is_dir() else []
+    files = [f for f in d.iterdir() if f.suffix in (".cubin", ".ptx")] if d.is_dir() else []
     return d, len(files), sum(f.stat().st_size for f in files)

@@ -15,9 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from h3kernels._launch.sources import defines_for, dynamic_smem
 from h3kernels._runtime import compiler as jit
 
-SM120_SMEM_LIMIT = 99 * 1024
+SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
@@ -86,7 +87,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         for arch in archs:
             for form in jit.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
-                    cubin, log, _ = jit.compile_cubin(name, arch, {"H3_MMA_FORM": form}, ("-Xptxas=-v",),
+                    cubin, log, _ = jit.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
                                                       use_cache=False, backend=backend)
                 except jit.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
@@ -101,8 +102,9 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
                         failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
-                    if r["smem"] > SM120_SMEM_LIMIT:
-                        failures.append(f"{name} {arch} form {form} {kernel}: {r['smem']} B static smem")
+                    smem = r["smem"] + dynamic_smem(name).get(kernel, 0)
+                    if smem > SM120_SMEM_LIMIT:
+                        failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
                 if sass:
                     try:
                         counts = mma_instructions(cubin)

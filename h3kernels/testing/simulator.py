@@ -10,22 +10,11 @@ import numpy as np
 import torch
 
 from h3kernels import reference as R
+from h3kernels._launch import host
+from h3kernels._launch.varlen_attention_fp8_plan import key_blocks, plan_host
 from h3kernels.constants import HIDDEN
 
 CODE_POISON = 0x7F
-
-
-def _on_runner(launch, arrays):
-    from numba.cuda import config
-
-    if config.ENABLE_CUDASIM:
-        launch(**arrays)
-        return arrays
-    from numba import cuda
-
-    dev = {name: cuda.to_device(a) for name, a in arrays.items()}
-    launch(**dev)
-    return {name: d.copy_to_host() for name, d in dev.items()}
 
 
 def bits16(t):
@@ -43,29 +32,20 @@ def _table_quads(t):
 def row_stage(x, w, sc, sh, idx, eps=1e-5, scale_poison=np.nan):
     """The row kernel on CPU tensors: (a_q uint8 [M, 5376], a_scale f32 [M]) as numpy arrays.
     scale_poison: what a_scale holds before the run (give a finite value where NaN is expected)."""
-    from h3kernels._launch.numba import mlp_fp8_row
-
     m = x.shape[0]
     quads = lambda t: bits16(t).view(np.uint64)
-    arrays = dict(x_quads=quads(x), norm_w_quads=quads(w), scale_flat=_table_quads(sc), shift_flat=_table_quads(sh),
-                  a_q_quads=np.full((m, HIDDEN), CODE_POISON, np.uint8).view(np.uint32),
-                  a_scale=np.full(m, scale_poison, np.float32))
-    launch = lambda **a: mlp_fp8_row.launch(a["x_quads"], a["norm_w_quads"], a["scale_flat"], a["shift_flat"],
-                                            sc.stride(0) // 4, sc.shape[0], idx.numpy(), eps, a["a_q_quads"],
-                                            a["a_scale"])
-    out = _on_runner(launch, arrays)
-    return out["a_q_quads"].view(np.uint8), out["a_scale"]
+    a_q, a_s = host.row_stage(quads(x), quads(w), _table_quads(sc), _table_quads(sh), sc.stride(0) // 4, sc.shape[0],
+                              idx.numpy(), eps, np.full((m, HIDDEN), CODE_POISON, np.uint8).view(np.uint32),
+                              np.full(m, scale_poison, np.float32))
+    return a_q.view(np.uint8), a_s
 
 
 def attention_passes(q, k, v, cu):
     """The attention's quantization passes on bf16 CPU tensors q, k, v [tokens, heads, 128] and
     host cu_seqlens: every array of varlen_attention_fp8_quant.launch, as numpy."""
-    from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
-    from h3kernels._launch.varlen_attention_fp8_plan import plan_host
-
     tokens, heads, _ = q.shape
     segs = len(cu) - 1
-    blocks = Q.key_blocks(cu)
+    blocks = key_blocks(cu)
     n = len(blocks)
     codes = lambda *shape: np.full(shape, CODE_POISON, np.uint8)
     scales = lambda *shape: np.full(shape, np.nan, np.float32)
@@ -73,7 +53,7 @@ def attention_passes(q, k, v, cu):
                   block_offset=plan_host(cu, heads)[1], q8=codes(tokens, heads, 128), s_q=scales(tokens, heads),
                   mu=scales(segs, heads, 128), k8=codes(tokens, heads, 128), s_k=scales(n, heads),
                   v8t=codes(heads, 128, n * 128), s_v=scales(segs, heads, 128), partials=scales(2, n, heads, 128))
-    return _on_runner(Q.launch, arrays)
+    return host.attention_passes(arrays)
 
 
 def nan_codes_alike(codes):
@@ -107,18 +87,16 @@ def attention_pass_mismatches(q, k, v, cu, out=None):
     that differ from the reference's ([] when all match). s_k is the reference's per key, the
     passes' per 128-key block; v8t holds the reference's v8 in the kernel's layout, zero in the
     padding columns."""
-    from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
-
     if out is None:
         out = attention_passes(q, k, v, cu)
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
     u8 = lambda t: t.view(torch.uint8).numpy()
-    blocks = Q.key_blocks(cu)
+    blocks = key_blocks(cu)
     per_key_s_k = (np.repeat(out["s_k"], blocks[:, 2], axis=0) if len(blocks)
                    else np.zeros((0, q.shape[1]), np.float32))
     live = [seg for seg in range(len(cu) - 1) if cu[seg + 1] > cu[seg]]
     checks = (("q8", same_codes(out["q8"], u8(q8))), ("s_q", same_scales(out["s_q"], s_q.numpy())),
               ("k8", same_codes(out["k8"], u8(k8))), ("s_k", same_scales(per_key_s_k, s_k.numpy())),
-              ("v8t", same_codes(out["v8t"], Q.v_transposed(u8(v8), cu))),
+              ("v8t", same_codes(out["v8t"], host.v_transposed(u8(v8), cu))),
               ("s_v", same_scales(out["s_v"][live], s_v[[cu[seg] for seg in live]].numpy())))
     return [name for name, ok in checks if not ok]

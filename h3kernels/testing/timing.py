@@ -1,5 +1,7 @@
-"""CUDA-event timing on the caller's torch stream: warm-up, then the median of many runs."""
+"""Timing on the caller's torch stream: CUDA events (warm-up, then the median of many runs) for
+GPU time, and host_ms_per_call for the host time of one operator call while the GPU is busy."""
 import statistics
+import time
 
 from h3kernels.constants import FC1_OUT, FFN, HEAD_DIM, HIDDEN
 
@@ -40,21 +42,20 @@ def copy_bandwidth_gbs(nbytes, device="cuda", reps=20, batch=10):
 
 
 def row_stage_kernel_ms(arg_sets, a_q, a_scale, eps=1e-5, batch=10, reps=20):
-    """Median ms of the MLP row kernel alone: `batch` back-to-back launches with prepared arguments,
-    cycling through arg_sets (x, x_norm_weight, adaln_scale, adaln_shift, adaln_index) tuples."""
-    from h3kernels._runtime import arrays as dispatch
-    from h3kernels._launch.numba import mlp_fp8_row
-    from h3kernels.mlp_fp8 import row_stage_launch_args
+    """Median ms of the MLP row kernel alone: `batch` back-to-back launches through the launch
+    layer, cycling through arg_sets (x, x_norm_weight, adaln_scale, adaln_shift, adaln_index) tuples."""
+    from h3kernels._launch import mlp_fp8 as launch
+    from h3kernels._runtime import arrays
 
-    prepared, call = [], None
-    for args in arg_sets:
-        call = dispatch.Call(dict(zip("xwsti", args), a_q=a_q, a_scale=a_scale))
-        prepared.append(row_stage_launch_args(call, *args, eps, a_q, a_scale))
-    stream = call.numba_stream()
+    call = arrays.Call(dict(x=arg_sets[0][0], a_q=a_q, a_scale=a_scale))
     cur = {}
-    with call.numba_device():
-        return median_ms_batched(lambda: mlp_fp8_row.launch(*cur["args"], stream=stream), batch=batch, warmup=2,
-                                 reps=reps, setup=lambda i: cur.update(args=prepared[i % len(prepared)]))
+    out = arrays.data_ptr(a_q), arrays.data_ptr(a_scale)
+    previous = call.make_current()
+    try:
+        return median_ms_batched(lambda: launch.launch_row(call, *cur["args"], eps, *out), batch=batch,
+                                 warmup=2, reps=reps, setup=lambda i: cur.update(args=arg_sets[i % len(arg_sets)]))
+    finally:
+        arrays.restore(previous)
 
 
 def row_stage_vs_copy(sets, a_q, a_s, rounds=5):
@@ -105,34 +106,99 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
 
 def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
     """(total, {kernel name: ms}): median ms of the attention's quantization passes alone, and of
-    each pass alone. varlen_attention_fp8_quant.launch (or one pass) with the arguments the
-    operator gives it (varlen_attention_fp8.quant_launch_args), into a workspace of our own,
-    back-to-back launches between one pair of events, the batch sized to about budget_ms per timed
-    run. q, k, v, cu_seqlens: torch CUDA tensors."""
+    each pass alone: the launches the operator makes (_launch.varlen_attention_fp8.quant_launches)
+    into a workspace of our own, back-to-back between one pair of events, the batch sized to
+    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
     import torch
 
-    from h3kernels._runtime import arrays as dispatch
-    from h3kernels import varlen_attention_fp8 as attn
-    from h3kernels._launch.numba import varlen_attention_fp8_quant as quant
-    from h3kernels._launch.varlen_attention_fp8_plan import plan_host
+    from h3kernels._launch import varlen_attention_fp8 as launch
+    from h3kernels._launch.varlen_attention_fp8_plan import plan_arrays
+    from h3kernels._runtime import arrays
 
     cu = tuple(int(c) for c in cu_seqlens_host)
     tokens, heads = int(q.shape[0]), int(q.shape[1])
-    blocks = torch.from_numpy(quant.key_blocks(cu)).to(q.device)
-    block_offset = torch.from_numpy(plan_host(cu, heads)[1]).to(q.device)
-    parts, nbytes = attn.layout(tokens, heads, len(cu) - 1, int(blocks.shape[0]))
+    _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device) for a in plan_arrays(cu, heads))
+    n = int(blocks.shape[0])
+    _, nbytes = launch.layout(tokens, heads, len(cu) - 1, n)
     mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-    call = dispatch.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
-    args = attn.quant_launch_args(call, q, k, v, cu_seqlens, blocks, block_offset, mem.data_ptr(), mem, parts)
-    stream = call.numba_stream()
-    with call.numba_device():
-        one = lambda: quant.launch(*args, stream=stream)
+    call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
+    passes = launch.quant_launches(call.device_id, tokens, heads, len(cu) - 1, n, q.data_ptr(), k.data_ptr(),
+                                   v.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens.stride(0), block_offset.data_ptr(),
+                                   blocks.data_ptr(), mem.data_ptr())
+    run = lambda chosen: [kern.launch(call.stream_ptr, grid, threads, values)
+                          for _, kern, grid, threads, values in chosen]
+    previous = call.make_current()
+    try:
+        one = lambda: run(passes)
         one()
         batch = max(1, min(20, int(budget_ms / max(median_ms(one, warmup=1, reps=3), 1e-3))))
         total = median_ms_batched(one, batch=batch, warmup=1, reps=reps)
-        each = {name: median_ms_batched(run, batch=batch, warmup=1, reps=reps)
-                for name, run in quant.passes(*args, stream=stream)}
+        each = {p[0]: median_ms_batched(lambda p=p: run([p]), batch=batch, warmup=1, reps=reps) for p in passes}
         return total, each
+    finally:
+        arrays.restore(previous)
+
+
+_SPIN = r"""
+extern "C" __global__ void h3_spin(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def occupy_gpu(ms):
+    """Enqueues one kernel that keeps the GPU busy for about `ms` milliseconds on torch's
+    current stream (it spins on the global timer, so clocks do not change its length)."""
+    import cupy
+    import numpy as np
+    import torch
+
+    from h3kernels._runtime.arrays import cupy_stream
+
+    dev = torch.cuda.current_device()
+    kernel = _spin_kernels.get(dev)
+    if kernel is None:
+        with cupy.cuda.Device(dev):
+            kernel = _spin_kernels[dev] = cupy.RawKernel(_SPIN, "h3_spin")
+    with cupy.cuda.Device(dev), cupy_stream(torch.cuda.current_stream().cuda_stream, dev):
+        kernel((1,), (1,), (np.uint64(int(ms * 1e6)),))
+
+
+_spin_kernels = {}
+
+
+def host_ms_per_call(fn, calls=200, warmup=20, round_calls=50, min_busy_ms=20.0):
+    """Host milliseconds per fn() (the median of `calls` timed calls, time.perf_counter) while
+    the GPU is busy, so that no call can wait on it: calls run in rounds of `round_calls`, each
+    queued behind a spin kernel (occupy_gpu) sized to outlast the round's host time. Returns
+    dict(median_ms, mean_ms, p90_ms, calls, busy_rounds, rounds): busy_rounds counts the rounds
+    whose GPU work was still queued when their last call returned (all of them, for a valid
+    figure)."""
+    import torch
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    est_ms = (time.perf_counter() - t0) * 1e3 / max(warmup, 1)  # host + GPU time: an upper bound
+    times, busy, rounds = [], 0, 0
+    while len(times) < calls:
+        n = min(round_calls, calls - len(times))
+        occupy_gpu(max(min_busy_ms, 3.0 * n * est_ms))
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        end = torch.cuda.Event()
+        end.record()
+        busy += not end.query()
+        rounds += 1
+        torch.cuda.synchronize()
+    ms = sorted(1e3 * t for t in times)
+    return dict(median_ms=statistics.median(ms), mean_ms=statistics.fmean(ms), p90_ms=ms[int(0.9 * (len(ms) - 1))],
+                calls=len(ms), busy_rounds=busy, rounds=rounds)
 
 
 def mlp_flops(m):

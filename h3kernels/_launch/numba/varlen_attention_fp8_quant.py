@@ -12,8 +12,8 @@ Zero scales give zero codes. Like the MLP row kernel, these kernels keep bf16 as
 as uint8 and reduce through shared memory, so they run unchanged in the CUDA simulator.
 
 V is written transposed for the attention kernel's PV product, as v8t [heads, 128, n * 128]
-(n = key blocks, key_blocks' numbering): channel rows with keys contiguous, so the kernel loads
-it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
+(n = key blocks, numbered by varlen_attention_fp8_plan.key_blocks): channel rows with keys
+contiguous, so the kernel loads it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
 fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte aligned at column
 128 * block_offset[seg], and the columns past its last key are zero, so the kernel's key blocks
 read finite bytes that meet P = 0. Inside every 16-key group the keys are permuted
@@ -27,17 +27,11 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64  # module level: the simulator swaps this global for its fake
 
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
+from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401 (the one numbering)
+# module globals: Numba reads them as compile-time constants
+from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_THREADS, KV_WARPS, Q_ROWS_PER_CTA  # noqa: F401
+from h3kernels._launch.numba.geometry import Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
-Q_WARPS = 8
-Q_ROWS_PER_WARP = 8  # the loads of a warp's rows are all in flight before the first reduction
-Q_ROWS_PER_CTA = Q_WARPS * Q_ROWS_PER_WARP
-Q_THREADS = 32 * Q_WARPS
-Q_WORDS = 2 * Q_ROWS_PER_WARP  # a global: Numba needs a literal shape
-KV_THREADS = 128  # 4 warps; a lane holds a quad of channels (4 bf16 in 64 bits) of one key
-KV_WARPS = KV_THREADS // 32
-KEYS_PER_WARP = K_BLOCK // KV_WARPS  # in the K and V quantizers warp w takes keys w, w + 4, ...
-BATCH = 16  # keys a kv_block_kernel lane has in flight at once
-TILE_WORDS = HEAD_DIM // 4 + 1  # uint32 words per key row of v_quant's tile; +1 spreads column reads
 _lock = threading.Lock()
 _kernels = None
 
@@ -308,16 +302,6 @@ def v_transposed(v8, cu_seqlens_host):
         have = key < count
         out[:, :, b * K_BLOCK + np.nonzero(have)[0]] = v8[first + key[have]].transpose(1, 2, 0)
     return out
-
-
-def key_blocks(cu_seqlens_host):
-    """int64 [n, 3]: (segment, first key, keys) of every 128-key block, segment after segment,
-    in the numbering of varlen_attention_fp8_plan's block_offset."""
-    rows = []
-    for seg, (a, b) in enumerate(zip(cu_seqlens_host[:-1], cu_seqlens_host[1:])):
-        for first in range(a, b, K_BLOCK):
-            rows.append((seg, first, min(K_BLOCK, b - first)))
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
 def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):

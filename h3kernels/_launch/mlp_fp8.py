@@ -1,0 +1,118 @@
+"""The launches of minimax_h3_mlp_fp8: the row kernel (Numba, h3kernels/_launch/numba/mlp_fp8_row.py)
+and the FC1 and FC2 GEMMs of cuda_src/mlp_fp8.cu, with every constant of that source.
+
+All three go through launcher.Kernel on the caller's stream; a caller opens an arrays.Call and
+makes its device current first (h3kernels/mlp_fp8.py does both).
+"""
+from h3kernels._launch import numba_ptx
+from h3kernels._runtime import compiler
+from h3kernels._runtime.arrays import data_ptr, strides_elems
+from h3kernels._runtime.targets import sm_count
+from h3kernels.constants import FC1_OUT, FC2_FLAG_COLS, FC2_FLAG_ROWS, FFN, HIDDEN, ROW_THREADS, fc2_flag_count
+
+# cuda_src/mlp_fp8.cu, built with exactly these (defines()):
+BM = FC2_FLAG_ROWS  # rows of an output tile (and of an FC2 ready flag's row band): 128
+BN = 128  # columns of an output tile (FC1: prepacked, 64 logical y columns)
+BK = 128  # bytes of K per pipeline stage
+STAGES = 3  # cp.async ring depth
+THREADS = 256  # GEMM warps: 8, as 2 along M x 4 along N, 64 x 32 outputs each
+GROUP_M = 16  # m-tiles per band of the persistent walk, so the tiles in flight share L2 operands
+PRODUCERS = 64  # FC2: 2 more warps that quantize y beside the GEMM warps
+CHUNK_COLS = FC2_FLAG_COLS  # FC2: y columns per ready flag: 1024
+GROUP_ROWS = 16  # FC2: rows of y one producer claim quantizes
+SMEM_BYTES = STAGES * (BM + BN) * BK  # dynamic shared memory of both GEMMs: 96 KiB
+DYNAMIC_SMEM = {"h3_mlp_fc1": SMEM_BYTES, "h3_mlp_fc2": SMEM_BYTES}
+
+FC1_PARAMS = ("u64",) * 5 + ("i32",)  # a_q, a_scale, w1_q, w1_scale, y, M
+FC2_PARAMS = ("u64",) * 6 + ("i64", "i64") + ("u64",) * 4 + ("i32",)
+ROW_QUADS = HIDDEN // 4
+
+
+def defines(arch, form):
+    """The -D constants of cuda_src/mlp_fp8.cu for `arch` and mma form `form`."""
+    # sm_90 emulates each e4m3 mma with conversions and HMMAs: there FC1 fits two k32 steps of a
+    # stage in registers and FC2 (fewer registers per thread, for its producer warps) one.
+    sm90 = arch == "sm_90"
+    return dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, THREADS=THREADS, GROUP_M=GROUP_M, PRODUCERS=PRODUCERS,
+                CHUNK_COLS=CHUNK_COLS, GROUP_ROWS=GROUP_ROWS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT,
+                KS_STEP_FC1=2 if sm90 else 4, KS_STEP_FC2=1 if sm90 else 4, H3_MMA_FORM=form)
+
+
+_gemms = compiler.cache({})  # (device id, form) -> (fc1, fc2, CTAs of a persistent grid)
+
+
+def gemms(device_id, form):
+    g = _gemms.get((device_id, form))
+    if g is None:
+        from h3kernels._runtime.targets import device_arch
+
+        d = defines(device_arch(device_id), form)
+        fc1 = compiler.kernel("mlp_fp8", "h3_mlp_fc1", device_id, d, FC1_PARAMS, SMEM_BYTES)
+        fc2 = compiler.kernel("mlp_fp8", "h3_mlp_fc2", device_id, d, FC2_PARAMS, SMEM_BYTES)
+        g = _gemms[(device_id, form)] = (fc1, fc2, sm_count(device_id))
+    return g
+
+
+ALIGN = 256
+
+
+def scratch_layout(m):
+    """({name: byte offset}, total bytes) of the buffers one call needs between its launches
+    (a_q, a_scale, y, y_q, y_scale, flags), carved from one allocation: one allocator call
+    instead of six."""
+    sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
+             ("flags", 4 * fc2_flag_count(m)))
+    offsets, off = {}, 0
+    for name, size in sizes:
+        offsets[name] = off
+        off += -(-size // ALIGN) * ALIGN
+    return offsets, off
+
+
+def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
+    """The row kernel's flattened parameters: x, x_norm_weight, a_q as quad views, the AdaLN
+    tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
+    (a_q and a_scale: addresses). Validation guarantees the alignment and contiguity these
+    views assume."""
+    m = x.shape[0]
+    stride = strides_elems(adaln_scale)[0]
+    rows = adaln_scale.shape[0]
+    span = ((rows - 1) * stride + HIDDEN) // 4  # quads from the base through the last row's end
+    vec = numba_ptx.vector
+    return (0, 0, m * ROW_QUADS, 8, data_ptr(x), m, ROW_QUADS, 8 * ROW_QUADS, 8,
+            *vec(data_ptr(x_norm_weight), ROW_QUADS, 8), *vec(data_ptr(adaln_scale), span, 8),
+            *vec(data_ptr(adaln_shift), span, 8), stride // 4, rows, *vec(data_ptr(adaln_index), m, 8), eps,
+            0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4))
+
+
+def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
+    """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
+    m = x.shape[0]
+    if m:
+        numba_ptx.kernel("row_kernel", call.device_id).launch(
+            call.stream_ptr, (m, 1), ROW_THREADS,
+            row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+
+
+def zero_flags(call, m, flags):
+    """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
+    from cupy_backends.cuda.api import runtime
+
+    runtime.memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+
+
+def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
+    Arguments are addresses."""
+    fc1, _, sms = gemms(call.device_id, form)
+    fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
+               (a_q, a_scale, w1_q, w1_scale, y, m))
+
+
+def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
+    """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. gate is
+    the table (its row stride and rows are parameters); the rest are addresses."""
+    _, fc2, sms = gemms(call.device_id, form)
+    fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
+               (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0],
+                adaln_index, residual, out, flags, m))

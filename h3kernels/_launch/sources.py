@@ -1,0 +1,22 @@
+"""What each cuda_src/*.cu is built with: its -D constants per (arch, mma form) and the dynamic
+shared memory each of its kernels is launched with. The launch modules own the values; this
+is where python -m h3kernels.compile_check reads them, so it checks exactly what runs."""
+from h3kernels._launch import mlp_fp8, varlen_attention_fp8
+
+_OPS = {"mlp_fp8": mlp_fp8, "varlen_attention_fp8": varlen_attention_fp8}
+_FORM_ONLY = ("mma_ceiling",)  # the mma peer: only the form
+
+
+def defines_for(source, arch, form=0):
+    """The -D constants of cuda_src/<source>.cu for `arch` (e.g. 'sm_120a') and mma form `form`."""
+    if source in _OPS:
+        return _OPS[source].defines(arch, form)
+    if source in _FORM_ONLY:
+        return {"H3_MMA_FORM": form}
+    return {}
+
+
+def dynamic_smem(source):
+    """{kernel: dynamic shared memory bytes per CTA} of cuda_src/<source>.cu ({} for none)."""
+    op = _OPS.get(source)
+    return dict(op.DYNAMIC_SMEM) if op else {}

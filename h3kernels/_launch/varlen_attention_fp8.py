@@ -1,0 +1,144 @@
+"""The launches of minimax_h3_varlen_attention_fp8: the quantization passes (Numba,
+h3kernels/_launch/numba/varlen_attention_fp8_quant.py) into the stream's workspace, then the
+kernel of cuda_src/varlen_attention_fp8.cu, with every constant of that source.
+
+Workspace (h3kernels/_runtime/workspace.py): one grow-only buffer per (device, stream) holding
+q8, k8, v8t, s_q, s_k, mu, s_v and the passes' partial sums, plus that stream's uploaded plans.
+"""
+import functools
+
+import numpy as np
+
+from h3kernels._launch import numba_ptx
+from h3kernels._launch import varlen_attention_fp8_plan as plan
+from h3kernels._launch.numba import geometry as G
+from h3kernels._runtime import compiler, workspace
+from h3kernels._runtime.arrays import data_ptr
+from h3kernels.constants import HEAD_DIM, K_BLOCK
+
+# cuda_src/varlen_attention_fp8.cu, built with exactly these (defines()):
+BQ = plan.Q_TILE  # queries per work tile: 128
+BKV = 64  # keys per pipeline block; 64 rather than 128 keeps S at 32 registers
+KSB = K_BLOCK  # keys per K scale block: 128
+HD = HEAD_DIM
+STAGES = 4  # cp.async ring depth
+THREADS = 256  # 8 warps x 16 query rows
+TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment
+SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
+DYNAMIC_SMEM = {"h3_varlen_attention_fp8": SMEM_BYTES}
+PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32")
+
+LOG2E = 1.4426950408889634
+ALIGN = 256
+OWNER = "minimax_h3_varlen_attention_fp8"
+CAPTURE_ADVICE = "call it once with the same cu_seqlens_host on this stream before the capture"
+
+
+def defines(arch, form):
+    """The -D constants of cuda_src/varlen_attention_fp8.cu for `arch` and mma form `form`."""
+    # sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
+    # ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
+    # from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
+    # softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
+    sm90 = int(arch != "sm_90")
+    return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, THREADS=THREADS, TILE_INTS=TILE_INTS,
+                Q_IN_REGS=sm90, SKIP_SETTLED_RESCALE=sm90, H3_MMA_FORM=form)
+
+
+_kernels = compiler.cache({})  # (device id, form) -> (attention kernel, its grid cap)
+
+
+def attention_kernel(device_id, form):
+    k = _kernels.get((device_id, form))
+    if k is None:
+        from h3kernels._runtime.targets import device_arch
+
+        f = compiler.kernel("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
+                            defines(device_arch(device_id), form), PARAMS, SMEM_BYTES)
+        k = _kernels[(device_id, form)] = (f, f.grid_cap(THREADS))
+    return k
+
+
+@functools.lru_cache(maxsize=64)
+def layout(tokens, heads, segments, key_blocks):
+    """({name: (byte offset, shape, raw dtype)}, size in bytes) of the workspace."""
+    parts = (("q8", (tokens, heads, HEAD_DIM), "uint8"), ("k8", (tokens, heads, HEAD_DIM), "uint8"),
+             ("v8t", (heads, HEAD_DIM, key_blocks * K_BLOCK), "uint8"), ("s_q", (tokens, heads), "float32"),
+             ("s_k", (key_blocks, heads), "float32"), ("mu", (segments, heads, HEAD_DIM), "float32"),
+             ("s_v", (segments, heads, HEAD_DIM), "float32"),
+             ("partials", (2, key_blocks, heads, HEAD_DIM), "float32"))
+    out, off = {}, 0
+    for name, shape, dt in parts:
+        out[name] = (off, shape, dt)
+        off += -(-int(np.prod(shape)) * np.dtype(dt).itemsize // ALIGN) * ALIGN
+    return out, max(off, ALIGN)
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(tokens, heads, segments, key_blocks):
+    parts, nbytes = layout(tokens, heads, segments, key_blocks)
+    return tuple(parts[n][0] for n in ("q8", "k8", "v8t", "s_q", "s_k", "mu", "s_v", "partials")), nbytes
+
+
+def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base):
+    """[(name, kernel, grid (x, y), threads, values)] of the quantization passes: q, k, v, cu (the device
+    cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
+    blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout())."""
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
+    rows = tokens * heads
+    words = rows * 32
+    vec, kern = numba_ptx.vector, numba_ptx.kernel
+    blocks_arr = (0, 0, 3 * n, 8, blocks, n, 3, 24, 8)
+    plane = heads * HEAD_DIM
+    seg3 = (0, 0, segments * plane, 4, 0, segments, heads, HEAD_DIM, plane * 4, HEAD_DIM * 4, 4)
+    out = []
+    add = lambda name, grid, threads, values: out.append((name, kern(name, device_id), grid, threads, values))
+    if tokens:
+        add("q_kernel", (-(-rows // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
+            (*vec(q, words, 8), *vec(base + o_q8, words, 4), *vec(base + o_sq, rows, 4), rows))
+    if n:
+        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_THREADS,
+            (*vec(k, words, 8), *vec(v, words, 8), *blocks_arr, *vec(base + o_part, 2 * n * plane, 4), heads, n))
+    if segments and tokens:
+        mu, s_v = list(seg3), list(seg3)
+        mu[4], s_v[4] = base + o_mu, base + o_sv
+        add("kv_segment_kernel", (segments, heads), HEAD_DIM,
+            (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
+             0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
+             *mu, *s_v))
+    if n:
+        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(k, words, 8), *vec(base + o_mu, segments * plane, 4), *blocks_arr, *vec(base + o_k8, words, 4),
+             *vec(base + o_sk, n * heads, 4), heads))
+        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(v, words, 8), *vec(base + o_sv, segments * plane, 4), *blocks_arr,
+             *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
+    return out
+
+
+def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
+    """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream.
+    The call's device must be current."""
+    tokens = int(q.shape[0])
+    segments = len(cu_host) - 1
+    f, max_ctas = attention_kernel(call.device_id, form)
+    ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
+    capturing = call.capturing
+    stream = call.stream_ptr
+    with ws.lock:
+        ws.wait(capturing)
+        dev_plan = ws.plan((cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), capturing)
+        tiles, block_offset, blocks = dev_plan.ptrs
+        n_tiles, _, n = dev_plan.rows
+        offsets, nbytes = _offsets(tokens, heads, segments, n)
+        base = ws.reserve(nbytes, capturing, dev_plan)
+        cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
+        for _, kern, grid, threads, values in quant_launches(
+                call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
+                data_ptr(cu_seqlens), cu_stride, block_offset, blocks, base):
+            kern.launch(stream, grid, threads, values)
+        o_q8, o_k8, o_v8t, o_sq, o_sk, _, o_sv, _ = offsets
+        f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
+                 (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
+                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E))
+        ws.record(capturing)

@@ -1,0 +1,68 @@
+"""The GPUs we build for: the arch of each compute capability, the device properties the
+launches need (read once per device), and the one FP8 mma-form selection both operators use."""
+import functools
+
+from h3kernels import _validate as validate
+
+ARCH_BY_CC = {(12, 0): "sm_120a", (9, 0): "sm_90", (8, 9): "sm_89"}
+
+# H3_MMA_FORM of cuda_src/fp8_common.cuh: 0 the legacy mma.sync e4m3, 2 kind::mxf8f6f4 with
+# unit scales (sm_120a only). kind::f8f6f4 without scales compiles to the same SASS as form 0
+# on sm_120a, so it is not offered.
+MMA_FORMS = {"sm_120a": (0, 2), "sm_90": (0,), "sm_89": (0,)}
+
+
+def arch_for(cc):
+    cc = tuple(cc)
+    if cc in ARCH_BY_CC:  # exact: an sm_120a cubin loads on compute capability 12.0 only
+        return ARCH_BY_CC[cc]
+    supported = ", ".join(f"sm_{a}{b}" for a, b in ARCH_BY_CC)
+    raise ValueError(f"device: compute capability {cc[0]}.{cc[1]} is not supported; need one of {supported}")
+
+
+@functools.lru_cache(maxsize=None)
+def device_properties(device_id):
+    """cudaGetDeviceProperties, once per device: it is slow and launches need it every call."""
+    import cupy
+
+    props = dict(cupy.cuda.runtime.getDeviceProperties(device_id))
+    if isinstance(props.get("name"), bytes):
+        props["name"] = props["name"].decode()
+    return props
+
+
+def device_cc(device_id):
+    props = device_properties(device_id)
+    return props["major"], props["minor"]
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch(device_id):
+    return arch_for(device_cc(device_id))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_id):
+    return device_properties(device_id)["multiProcessorCount"]
+
+
+@functools.lru_cache(maxsize=None)
+def board_form(device_id):
+    """The form `fp8_mma_form=-1` picks: on GeForce GB202 (sm_120a), kind::mxf8f6f4 issues at
+    twice the legacy form's rate; everywhere else the legacy form."""
+    if device_arch(device_id) == "sm_120a" and "GeForce" in device_properties(device_id)["name"]:
+        return 2
+    return 0
+
+
+def mma_form(device_id, requested=-1):
+    """The FP8 mma form for an operator's `fp8_mma_form` (contract.md): -1 the board's, 0 the
+    legacy e4m3 mma, 2 kind::mxf8f6f4 (sm_120a only). Both compute the same FP32 sums."""
+    if requested == -1 and not isinstance(requested, bool):
+        return board_form(device_id)
+    if isinstance(requested, bool) or requested not in (0, 2):
+        validate.fail("fp8_mma_form", repr(requested), "-1, 0 or 2", ValueError)
+    if requested not in MMA_FORMS[device_arch(device_id)]:
+        arch = device_arch(device_id)
+        validate.fail("fp8_mma_form", requested, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
+    return requested

@@ -1,0 +1,151 @@
+"""The launch layer: the Numba kernels' flattened parameters against the PTX numba-cuda emits,
+the argument lists the launches build against those layouts, the constants each .cu needs, and
+(GPU, sm_120a) the mma forms' equal bits."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from h3kernels._launch import mlp_fp8 as launch_mlp
+from h3kernels._launch import numba_ptx, sources
+from h3kernels._launch import varlen_attention_fp8 as launch_attention
+from h3kernels._runtime import compiler, launcher
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_numba_parameters_match_the_ptx_entries():
+    """Count and width of every .param of every Numba kernel's .entry, as numba-cuda compiles it
+    (outside the simulator; NVVM from the cuda-toolkit wheel, no GPU)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, str(HERE / "numba_ptx_params.py")], capture_output=True, text=True,
+                         env=env, timeout=900)
+    if run.returncode != 0 and ("NVVM" in run.stderr or "libnvvm" in run.stderr):
+        pytest.skip("numba-cuda cannot compile here (no NVVM): " + run.stderr.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stderr[-4000:]
+    found = json.loads(run.stdout)
+    assert set(found) == set(numba_ptx.SIGNATURES)
+    for name, r in found.items():
+        assert r["ptx"] == r["ours"], (name, r)
+
+
+def test_pack_format_aligns_each_parameter():
+    assert launcher.pack_format(("u64", "i32", "u64", "f32", "f32", "i64")) == "<QixxxxQffq"
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """numba_ptx.kernel -> the kernel's name: the launches' argument lists without a GPU."""
+    monkeypatch.setattr(numba_ptx, "kernel", lambda name, device_id: name)
+
+
+def test_row_values_fill_the_row_kernels_parameters(fake_kernels):
+    import torch
+
+    m, rows, stride = 5, 3, 6 * 5376
+    tab = torch.zeros(rows, stride, dtype=torch.bfloat16)
+    x = torch.zeros(m, 5376, dtype=torch.bfloat16)
+    values = launch_mlp.row_values(x, x[0], tab[:, :5376], tab[:, 5376:2 * 5376], torch.zeros(m, dtype=torch.int64),
+                                   1e-5, 1 << 20, 2 << 20)
+    assert len(values) == len(numba_ptx.params("row_kernel"))
+    assert values[:9] == (0, 0, m * 1344, 8, x.data_ptr(), m, 1344, 1344 * 8, 8)
+    assert values[9 + 7 * 3: 9 + 7 * 3 + 2] == (stride // 4, rows)  # tab_stride (quads), rows
+    assert values[-7 - 9:-7] == (0, 0, m * 1344, 4, 1 << 20, m, 1344, 1344 * 4, 4)  # a_q as uint32 quads
+    span = ((rows - 1) * stride + 5376) // 4
+    assert values[9 + 7 + 2] == span and values[9 + 7 + 5] == span  # the tables' quads from their bases
+    struct_fmt = launcher.pack_format(numba_ptx.params("row_kernel"))
+    import struct
+
+    struct.pack(struct_fmt, *values)  # every value fits its parameter
+
+
+@pytest.mark.parametrize("tokens,heads,segments,n", [(700, 3, 4, 8), (1, 1, 1, 1), (5, 2, 3, 1)])
+def test_quant_launches_fill_every_kernels_parameters(fake_kernels, tokens, heads, segments, n):
+    import struct
+
+    launches = launch_attention.quant_launches(0, tokens, heads, segments, n, 1 << 20, 2 << 20, 3 << 20, 4 << 20, 1,
+                                               6 << 20, 7 << 20, 8 << 20)
+    assert [r[0] for r in launches] == ["q_kernel", "kv_block_kernel", "kv_segment_kernel", "k_quant_kernel",
+                                        "v_quant_kernel"]
+    for name, kernel, grid, threads, values in launches:
+        assert kernel == name and len(grid) == 2 and threads > 0
+        assert len(values) == len(numba_ptx.params(name)), name
+        struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
+
+
+def test_flattened_arrays_are_numbas_fields():
+    assert numba_ptx.array_values(100, (2, 3, 4), 4) == (0, 0, 24, 4, 100, 2, 3, 4, 48, 16, 4)
+    assert numba_ptx.array_values(100, (7,), 8) == numba_ptx.vector(100, 7, 8)
+
+
+@pytest.mark.parametrize("source", ["mlp_fp8", "varlen_attention_fp8"])
+def test_a_source_built_without_its_constants_stops(source):
+    with pytest.raises(compiler.CompileError, match="-D constants"):
+        compiler.compile_cubin(source, "sm_90", {"H3_MMA_FORM": 0}, use_cache=False)
+
+
+def test_defines_cover_every_source_and_form():
+    for name in compiler.sources():
+        for arch, forms in compiler.MMA_FORMS.items():
+            for form in forms:
+                d = sources.defines_for(name, arch, form)
+                assert all(isinstance(v, int) for v in d.values())
+    assert sources.defines_for("mlp_fp8", "sm_90", 0)["KS_STEP_FC1"] == 2
+    assert sources.defines_for("varlen_attention_fp8", "sm_120a", 2)["Q_IN_REGS"] == 1
+    assert sources.dynamic_smem("mlp_fp8") == {"h3_mlp_fc1": launch_mlp.SMEM_BYTES, "h3_mlp_fc2": launch_mlp.SMEM_BYTES}
+    assert compiler.MMA_FORMS["sm_120a"] == (0, 2)  # form 1 builds form 0's SASS: not offered
+
+
+def test_one_key_block_numbering():
+    from h3kernels._launch import varlen_attention_fp8_plan as P
+
+    cu = [0, 1, 129, 129, 400, 1000]
+    blocks, block_offset = P.key_blocks(cu), P.plan_host(cu, 2)[1]
+    assert len(blocks) == block_offset[-1]
+    for seg in range(len(cu) - 1):
+        mine = blocks[block_offset[seg]:block_offset[seg + 1]]
+        assert (mine[:, 0] == seg).all() and mine[:, 2].sum() == cu[seg + 1] - cu[seg]
+        assert np.array_equal(mine[:, 1], cu[seg] + 128 * np.arange(len(mine)))
+
+
+def _sm120a():
+    try:
+        import torch
+
+        from h3kernels._runtime.targets import device_arch
+
+        return torch.cuda.is_available() and device_arch(torch.cuda.current_device()) == "sm_120a"
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+def test_mma_forms_give_the_same_bits():
+    if not _sm120a():
+        pytest.skip("forms 0 and 2 both exist on sm_120a only")
+    import torch
+
+    import h3kernels
+    from h3kernels import reference as R
+    from h3kernels.testing.inputs import make_row_inputs
+
+    m = 300
+    x, w, sc, sh, idx = make_row_inputs(m, 3, device="cuda")
+    gate = torch.randn(3, 5376, device="cuda").bfloat16() * 0.1
+    res = torch.randn(m, 5376, device="cuda").bfloat16()
+    w1 = torch.randn(28672, 5376, device="cuda").bfloat16() * 0.02
+    w2 = torch.randn(5376, 14336, device="cuda").bfloat16() * 0.02
+    (q1, s1), (q2, s2) = R.prepare_minimax_h3_fc1_weight_fp8(w1), R.prepare_minimax_h3_fc2_weight_fp8(w2)
+    mlp = [h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, res, q1, s1, q2, s2, fp8_mma_form=f) for f in (0, 2)]
+    assert torch.equal(mlp[0].view(torch.int16), mlp[1].view(torch.int16))
+    cu = [0, 5, 700, 700, 2000]
+    q, k, v = (torch.randn(2000, 4, 128, device="cuda").bfloat16() for _ in range(3))
+    cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    att = [h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, fp8_mma_form=f)
+           for f in (0, 2)]
+    assert torch.equal(att[0].view(torch.int16), att[1].view(torch.int16))
