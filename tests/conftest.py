@@ -117,16 +117,23 @@ class ArrayKind:
         return cupy.from_dlpack(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)
 
     def torch(self, a, dtype=None):
-        """A result of this kind -> a torch tensor sharing memory, its raw bits read as `dtype`."""
+        """A result of this kind -> a torch tensor sharing its memory (its raw bits read as `dtype`
+        if given), after checking that it is of this kind."""
         import torch
 
         if self.name == "cupy":
             import cupy
 
             assert isinstance(a, cupy.ndarray), type(a)
+            if dtype is not None:  # bf16 and e4m3 arrive as raw bits or ml_dtypes: read the bits
+                a = a.view({1: cupy.uint8, 2: cupy.int16, 4: cupy.int32, 8: cupy.int64}[a.dtype.itemsize])
             a = torch.from_dlpack(a)
         assert isinstance(a, torch.Tensor), type(a)
         return a if dtype is None or a.dtype == dtype else a.view(dtype)
+
+    def ptr(self, a):
+        """The device address of an array of this kind."""
+        return a.data_ptr() if self.name == "torch" else a.data.ptr
 
     def nan_like(self, a):
         """A bf16 array of this kind shaped like `a`, all NaN: what a late write shows through."""
