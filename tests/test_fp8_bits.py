@@ -40,7 +40,8 @@ def test_bf16_rounding_at_midpoints_and_neighbours_matches_torch(seed):
     base = np.arange(1 << 16, dtype=np.uint32) << 16
     cand = np.concatenate([base | 0x8000, (base | 0x8000) - 1, (base | 0x8000) + 1, base | 0x7FFF,
                            base | 0x0001, base | 0xFFFF,
-                           np.random.default_rng(seed).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)])
+                           np.random.default_rng(seed).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(
+                               np.uint32)])
     f = cand.view(np.float32)
     keep = ~np.isnan(f)
     f = f[keep]

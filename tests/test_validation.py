@@ -11,7 +11,6 @@ import torch
 import h3kernels
 from h3kernels._runtime import compiler as jit
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M
-from test_mlp_fp8 import weights  # noqa: F401 (the module-scoped fixture of prepared weights)
 
 M, ROWS = 64, 8
 E4M3 = torch.float8_e4m3fn

@@ -2,7 +2,6 @@
 simulator without a GPU, on the GPU with one."""
 import numpy as np
 import pytest
-import torch
 
 from h3kernels.testing import simulator as numba_check
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
@@ -65,7 +64,7 @@ def test_v_layout_permutes_each_16_key_group_and_zero_pads():
                 assert not col.any()
 
 
-@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (the GPU twin is test_gpu_infinite_scales)")
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_infinite_scales)")
 def test_infinite_q_and_v_scales_divide(seed):
     """An Inf in a Q row or a V channel makes that scale inf; its codes are those of x / inf (zeros,
     NaN for the Inf itself), as the reference's, not the NaNs that inv = 0 would give."""
@@ -97,7 +96,7 @@ def check_infinite_scales(seed):
     assert not mismatches, f"differ from the reference: {mismatches}"
 
 
-@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (the GPU twin is test_gpu_nan_scales)")
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_nan_scales)")
 def test_nan_scales_give_zero_codes(seed):
     """A NaN in a Q row, a K element or a V channel makes that row's s_q, the segment and head's
     s_k and that channel's s_v NaN (amaxes keep NaN, as the reference's torch amax), with zero
