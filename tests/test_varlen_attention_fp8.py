@@ -414,6 +414,24 @@ def test_chunked_exact_equals_the_reference_exact(seed):
     assert torch.allclose(exact_attention(q, k, v, cu, chunk=16), R.attention_exact(q, k, v, cu), rtol=0, atol=1e-12)
 
 
+def test_attention_misses_name_what_is_out_of_bounds(seed):
+    """checks.attention_misses passes the reference's own output and names an unwritten element, a
+    one-block segment 1% off (its bound is 0.005) and a whole set 5% off (0.03)."""
+    q, k, v, _, cu = make_attention_inputs([1, 60, 0, 200], 2, device="cpu", seed=seed)
+    want = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+    assert attention_misses(want, q, k, v, cu) == []
+    g = torch.Generator().manual_seed(seed)
+    noisy = lambda t, rel: (t.float() * (1 + rel * torch.randn(t.shape, generator=g))).bfloat16()
+    unwritten = want.clone()
+    unwritten[70, 1, 3] = float("nan")
+    one_block = want.clone()
+    one_block[1:61] = noisy(want[1:61], 0.01)
+    everywhere = noisy(want, 0.05)
+    for got, what in ((unwritten, "non-finite"), (one_block, "segment 1 (60 keys)"), (everywhere, "all rows")):
+        misses = attention_misses(got, q, k, v, cu)
+        assert any(m[0].startswith(what) for m in misses), (what, misses)
+
+
 def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
     """The operator, into a NaN-poisoned out when give_out."""
     out = poisoned_like(q) if give_out else None
