@@ -1,4 +1,14 @@
+"""Shared fixtures: the seed of each test's random inputs (named in its failure report), the
+module-scoped prepared MLP weights, and the array kinds (torch, CuPy) a test body runs for.
+
+Seeds: a test that draws random inputs takes the `seed` fixture and hands it to the generators
+of h3kernels.testing.inputs. Each seed is a hash of the test's node id (or fixture's name) and
+of $H3KERNELS_TEST_SEED ("" when unset, so the inputs are the same every run; "random" picks a
+new base per run, shown in the header). A failing test's report has a "random inputs" section
+with its seeds and the base that reproduces them."""
+import contextlib
 import os
+import zlib
 
 import pytest
 
@@ -17,6 +27,24 @@ if not HAS_GPU:
     # Without a GPU the Numba kernels run in the simulator. Set before numba is imported.
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+SEED_ENV = "H3KERNELS_TEST_SEED"
+SEED_BASE = os.environ.get(SEED_ENV, "")
+if SEED_BASE == "random":
+    SEED_BASE = str(int.from_bytes(os.urandom(4), "little"))
+
+
+def seed_for(name):
+    """The seed (0 <= seed < 2**31) of the random inputs of the test or fixture `name`."""
+    return zlib.crc32(f"{SEED_BASE}:{name}".encode()) & 0x7FFFFFFF
+
+
+_TEST_SEEDS = pytest.StashKey[dict]()
+_FIXTURE_SEEDS = {}  # module-scoped fixture name -> the seed of its current value
+
+
+def pytest_report_header(config):
+    return f"random inputs: {SEED_ENV}={SEED_BASE!r}"
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
@@ -25,3 +53,142 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if rep.failed:
+        seeds = dict(item.stash.get(_TEST_SEEDS, {}))
+        seeds.update((name, s) for name, s in _FIXTURE_SEEDS.items() if name in item.fixturenames)
+        if seeds:
+            lines = [f"{name} = {s}" for name, s in seeds.items()]
+            lines.append(f"(derived from {SEED_ENV}={SEED_BASE!r}: rerun with it set so to draw the same inputs)")
+            rep.sections.append(("random inputs", "\n".join(lines)))
+    return rep
+
+
+@pytest.fixture
+def seed(request):
+    """This test's seed, reported when it fails."""
+    s = seed_for(request.node.nodeid)
+    request.node.stash.setdefault(_TEST_SEEDS, {})["seed"] = s
+    return s
+
+
+@pytest.fixture(scope="session")
+def seed_of():
+    """For fixtures of module or session scope: seed_of(name) is the seed of fixture `name`'s
+    random inputs, reported in the failure of every test that uses that fixture."""
+    def seed_of(name):
+        s = _FIXTURE_SEEDS[name] = seed_for(name)
+        return s
+    return seed_of
+
+
+@pytest.fixture(scope="module")
+def weights(seed_of):
+    """make_fc_weights on the GPU: dict(w1, w2, q1, s1, q2, s2), bf16 w1 [28672, 5376] and w2
+    [5376, 14336] and their prepared e4m3 forms (q1, s1 in the prepacked row order)."""
+    from h3kernels.testing.inputs import make_fc_weights
+
+    return make_fc_weights(seed=seed_of("weights"), device="cuda")
+
+
+class ArrayKind:
+    """What a test body needs to run for one array kind, from torch CUDA tensors it made."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+    def to(self, t):
+        """Torch CUDA tensor -> this kind, sharing memory (CuPy: bf16 as uint16 bits, e4m3 as uint8)."""
+        import torch
+
+        if self.name == "torch":
+            return t
+        import cupy
+
+        if t.dtype == torch.bfloat16:
+            return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+        return cupy.from_dlpack(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)
+
+    def torch(self, a, dtype=None):
+        """A result of this kind -> a torch tensor sharing its memory (its raw bits read as `dtype`
+        if given), after checking that it is of this kind."""
+        import torch
+
+        if self.name == "cupy":
+            import cupy
+
+            assert isinstance(a, cupy.ndarray), type(a)
+            if dtype is not None:  # bf16 and e4m3 arrive as raw bits or ml_dtypes: read the bits
+                a = a.view({1: cupy.uint8, 2: cupy.int16, 4: cupy.int32, 8: cupy.int64}[a.dtype.itemsize])
+            a = torch.from_dlpack(a)
+        assert isinstance(a, torch.Tensor), type(a)
+        return a if dtype is None or a.dtype == dtype else a.view(dtype)
+
+    def ptr(self, a):
+        """The device address of an array of this kind."""
+        return a.data_ptr() if self.name == "torch" else a.data.ptr
+
+    def nan_like(self, a):
+        """A bf16 array of this kind shaped like `a`, all NaN: what a late write shows through."""
+        if self.name == "torch":
+            import torch
+
+            return torch.full(a.shape, float("nan"), dtype=torch.bfloat16, device=a.device)
+        import cupy
+
+        return cupy.full(a.shape, 0x7FC0, dtype=cupy.uint16)  # bf16 NaN bits
+
+    def write(self, dst, src):
+        """dst <- src, on this kind's current stream."""
+        if self.name == "torch":
+            dst.copy_(src)
+        else:
+            dst[...] = src
+
+    @contextlib.contextmanager
+    def side_stream(self):
+        """A new non-blocking stream, current for this kind inside the block; synchronized when it
+        ends. Work on it waits for what the default stream has queued."""
+        import torch
+
+        torch.cuda.synchronize()
+        if self.name == "torch":
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                yield
+            s.synchronize()
+        else:
+            import cupy
+
+            with cupy.cuda.Stream(non_blocking=True) as s:
+                yield
+                s.synchronize()
+
+    def delay(self):
+        """Keeps this kind's current stream busy for a while (tens of ms), so that whatever is
+        queued after it runs late: a launch on another stream would see inputs not yet written."""
+        if self.name == "torch":
+            import torch
+
+            torch.cuda._sleep(50_000_000)
+        else:
+            import cupy
+
+            busy = cupy.ones(1 << 28, dtype=cupy.float32)
+            for _ in range(20):
+                busy *= 1.0001
+
+
+@pytest.fixture(params=["torch", pytest.param("cupy", marks=pytest.mark.gpu)])
+def array_kind(request):
+    """Torch, then CuPy (GPU only): the array kind a test's inputs and results are of."""
+    if request.param == "cupy":
+        pytest.importorskip("cupy")
+    return ArrayKind(request.param)

@@ -9,8 +9,9 @@ from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 
 
 @pytest.fixture(scope="module")
-def weights():
-    g = torch.Generator().manual_seed(torch.seed())
+def cpu_weights(seed_of):
+    """bf16 w1 with a zero row (scale 0, codes 0), float32 w2, on the CPU."""
+    g = torch.Generator().manual_seed(seed_of("cpu_weights"))
     w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g) * 0.02).bfloat16()
     w1[3] = 0
     w2 = torch.randn(HIDDEN, FFN, generator=g) * 0.02
@@ -22,8 +23,8 @@ def same(a, b):
                        b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
 
 
-def test_cpu_tensors_give_the_reference(weights):
-    w1, w2 = weights
+def test_cpu_tensors_give_the_reference(cpu_weights):
+    w1, w2 = cpu_weights
     q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
     r1, rs1 = R.prepare_minimax_h3_fc1_weight_fp8(w1)
     assert same(q1, r1) and same(s1, rs1)
@@ -43,24 +44,13 @@ def test_bad_weights_are_refused(w, exc, msg):
 
 
 @pytest.mark.gpu
-def test_cuda_tensors_give_the_reference_bitwise(weights):
-    w1, w2 = weights
-    q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1.cuda())
-    r1, rs1 = R.prepare_minimax_h3_fc1_weight_fp8(w1)
-    assert q1.is_cuda and same(q1.cpu(), r1) and same(s1.cpu(), rs1)
-    q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2.cuda())
-    r2, rs2 = R.prepare_minimax_h3_fc2_weight_fp8(w2)
-    assert same(q2.cpu(), r2) and same(s2.cpu(), rs2)
-
-
-@pytest.mark.gpu
-def test_cupy_arrays_return_cupy(weights):
-    import cupy
-
-    w1, _ = weights
-    w1c = cupy.from_dlpack(w1.cuda().view(torch.int16)).view(cupy.uint16)
-    q, s = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1c)
-    assert isinstance(q, cupy.ndarray) and isinstance(s, cupy.ndarray)
-    r, rs = R.prepare_minimax_h3_fc1_weight_fp8(w1)
-    assert np.array_equal(cupy.asnumpy(q.view(cupy.uint8)), r.view(torch.uint8).numpy())
-    assert np.array_equal(cupy.asnumpy(s), rs.numpy())
+def test_gpu_arrays_give_the_reference_bitwise(cpu_weights, array_kind):
+    """bf16 w1 and float32 w2 on the GPU, as torch tensors or CuPy arrays: the reference's codes and
+    scales, bitwise, in arrays of the caller's kind on its device."""
+    w1, w2 = cpu_weights
+    for prepare, ref, w in ((h3kernels.prepare_minimax_h3_fc1_weight_fp8, R.prepare_minimax_h3_fc1_weight_fp8, w1),
+                            (h3kernels.prepare_minimax_h3_fc2_weight_fp8, R.prepare_minimax_h3_fc2_weight_fp8, w2)):
+        q, s = prepare(array_kind.to(w.cuda()))
+        r, rs = ref(w)
+        q, s = array_kind.torch(q, torch.uint8), array_kind.torch(s)
+        assert q.is_cuda and same(q.cpu(), r) and same(s.cpu(), rs)

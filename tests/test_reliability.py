@@ -12,30 +12,35 @@ import torch
 import h3kernels
 from h3kernels._runtime import compiler as jit
 from h3kernels import reference as R
-from h3kernels.testing.checks import rel_l2, same_bits
+from h3kernels.testing.checks import check_mlp_stages, reference_bound, rel_l2, same_bits
+from h3kernels.testing.inputs import make_attention_inputs, make_mlp_inputs, mlp_arguments
+from h3kernels.testing.poison import poisoned_like, poisoned_mlp_workspaces
 from h3kernels.constants import HIDDEN
-from test_mlp_fp8 import check_all, make_inputs, run_op, weights, workspaces  # noqa: F401 (weights: fixture)
-from h3kernels.testing.checks import reference_bound
-from test_varlen_attention_fp8 import random_inputs, run_op as attention_op
+
+
+def mlp(inp, weights, ws=None):
+    return h3kernels.minimax_h3_mlp_fp8(*mlp_arguments(inp, weights), **(ws or {}))
+
 
 # --- MLP ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_mlp_extreme_rows(weights):
+def test_mlp_extreme_rows(weights, seed):
     """Zero, near-bf16-max, tiny and subnormal rows are finite and exact; a NaN or an Inf in x, or
     a NaN in a gate row, makes exactly the rows that use it non-finite."""
     m, rows = 64, 8
-    inp = make_inputs(m, rows)
+    inp = make_mlp_inputs(m, rows, seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 2)  # not make_mlp_inputs' streams
     x = inp["x"]
     x[2] = 0
-    x[3] = (torch.rand(HIDDEN, device="cuda") * 3.3e38).bfloat16()  # squares overflow FP32: r = 0
-    x[4] = (torch.randn(HIDDEN, device="cuda") * 1e-38).bfloat16()  # subnormal bf16 values
-    x[5] = (torch.randn(HIDDEN, device="cuda") * 1e-30).bfloat16()
+    x[3] = (torch.rand(HIDDEN, generator=g, device="cuda") * 3.3e38).bfloat16()  # squares overflow FP32: r = 0
+    x[4] = (torch.randn(HIDDEN, generator=g, device="cuda") * 1e-38).bfloat16()  # subnormal bf16 values
+    x[5] = (torch.randn(HIDDEN, generator=g, device="cuda") * 1e-30).bfloat16()
     inp["adaln_index"][2:6] = 0
-    clean_ws = workspaces(m)
-    clean = run_op(inp, weights, None, clean_ws)
+    clean_ws = poisoned_mlp_workspaces(m)
+    clean = mlp(inp, weights, clean_ws)
     torch.cuda.synchronize()
-    check_all(inp, weights, clean, clean_ws, "extreme rows", report_exact=False)
+    check_mlp_stages(inp, weights, clean, clean_ws, "extreme rows", report_exact=False)
     assert torch.isfinite(clean.float()).all()
 
     bad = {k: v.clone() for k, v in inp.items()}
@@ -45,8 +50,8 @@ def test_mlp_extreme_rows(weights):
     bad["gate"][rows - 1, 5] = float("nan")  # every row using table row rows-1 (row 12 among them)
     gated = set((bad["adaln_index"] == rows - 1).nonzero().flatten().tolist())
     poisoned = {10, 11} | gated
-    bad_ws = workspaces(m)
-    got = run_op(bad, weights, None, bad_ws)
+    bad_ws = poisoned_mlp_workspaces(m)
+    got = mlp(bad, weights, bad_ws)
     torch.cuda.synchronize()
     keep = [r for r in range(m) if r not in poisoned]
     assert same_bits(got[keep], clean[keep])
@@ -61,20 +66,24 @@ def test_mlp_extreme_rows(weights):
 
 def attention(q, k, v, cu):
     """The operator into a NaN-poisoned out, so that an element it skips shows."""
-    res = attention_op(q, k, v, torch.tensor(cu, dtype=torch.int32, device=q.device), cu)
+    out = poisoned_like(q)
+    res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, torch.tensor(cu, dtype=torch.int32, device=q.device), out,
+                                                   cu_seqlens_host=cu)
     torch.cuda.synchronize()
+    assert res is out
     return res
 
 
 @pytest.mark.gpu
-def test_attention_extreme_values():
+def test_attention_extreme_values(seed):
     """Constant K (k' = 0: uniform attention), zero V (out = 0), huge and tiny segments: finite and
     within the usual bounds of the reference; a NaN in q, and an Inf in k, poison only their row,
     and their segment and head."""
     seqlens, heads = [200, 300, 150, 257, 90], 2
-    q, k, v, _, cu = random_inputs(seqlens, heads, seed=11, device="cuda")
+    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
     seg = lambda i: slice(cu[i], cu[i + 1])
-    k[seg(0)] = (torch.randn(1, heads, 128, device="cuda") * 3).bfloat16()  # constant K
+    k[seg(0)] = (torch.randn(1, heads, 128, generator=g, device="cuda") * 3).bfloat16()  # constant K
     v[seg(1)] = 0  # zero V
     q[seg(2)] = (q[seg(2)].float() * 1e30).bfloat16()  # huge q (S stays finite in FP32): P one-hot per row
     q[seg(3)], k[seg(3)], v[seg(3)] = ((t[seg(3)].float() * 1e-30).bfloat16() for t in (q, k, v))  # tiny
@@ -84,7 +93,8 @@ def test_attention_extreme_values():
     want = R.attention_fp8(q, k, v, cu)
     assert same_bits(clean[seg(0)], clean[cu[0]].expand(seqlens[0], heads, 128))  # uniform: every row alike
     for i in (0, 2, 3, 4):
-        assert rel_l2(clean[seg(i)], want[seg(i)]) <= reference_bound(seqlens[i]), i
+        err = rel_l2(clean[seg(i)], want[seg(i)])
+        assert err <= reference_bound(seqlens[i]), (i, err)
 
     bad_q, bad_k = q.clone(), k.clone()
     tq = cu[4] + 7
@@ -99,7 +109,7 @@ def test_attention_extreme_values():
 
 
 @pytest.mark.gpu
-def test_attention_beyond_2_31_elements():
+def test_attention_beyond_2_31_elements(seed):
     """tokens * heads * 128 > 2**31: the last segments, whose elements lie past 2**31, come out as
     the reference's (every index in the kernels and passes is 64-bit from the token on)."""
     heads, seg_len = 56, 128
@@ -107,7 +117,7 @@ def test_attention_beyond_2_31_elements():
     free = torch.cuda.mem_get_info()[0]
     if free < 8 * tokens * heads * 128 * 2:
         pytest.skip("needs about 40 GB of free GPU memory")
-    g = torch.Generator(device="cuda").manual_seed(5)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(tokens, heads, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     cu = list(range(0, tokens + 1, seg_len))
     out = attention(q, k, v, cu)
@@ -124,17 +134,17 @@ def test_attention_beyond_2_31_elements():
 # --- concurrency ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_two_threads_on_two_streams_match_serial_calls(weights):
+def test_two_threads_on_two_streams_match_serial_calls(weights, seed):
     """Two threads, each on its own stream, call both operators at different sizes at once, with
     the kernel caches emptied first so that both threads also compile and load at once."""
     jobs = []
     for i, (m, seqlens, heads) in enumerate([(200, [300, 0, 129], 8), (1000, [1024, 77], 4)]):
-        inp = make_inputs(m, 8)
-        att = random_inputs(seqlens, heads, seed=20 + i, device="cuda")
+        inp = make_mlp_inputs(m, 8, seed=seed + 2 * i)
+        att = make_attention_inputs(seqlens, heads, device="cuda", seed=seed + 2 * i + 1)
         jobs.append((inp, att))
     serial = []
     for inp, (q, k, v, cu_dev, cu) in jobs:
-        serial.append((run_op(inp, weights, None, {}).clone(), attention(q, k, v, cu).clone()))
+        serial.append((mlp(inp, weights).clone(), attention(q, k, v, cu).clone()))
     torch.cuda.synchronize()
 
     jit.clear_caches()
@@ -150,9 +160,8 @@ def test_two_threads_on_two_streams_match_serial_calls(weights):
             with torch.cuda.stream(s):
                 got = []
                 for _ in range(3):
-                    mlp = run_op(inp, weights, None, {})
-                    att = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)
-                    got.append((mlp, att))
+                    got.append((mlp(inp, weights),
+                                h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)))
             s.synchronize()
             results[i] = got
         except BaseException as err:  # reported by the main thread
@@ -165,5 +174,5 @@ def test_two_threads_on_two_streams_match_serial_calls(weights):
         t.join(timeout=300)
     assert not errors, errors
     for i, got in enumerate(results):
-        for mlp, att in got:
-            assert same_bits(mlp, serial[i][0]) and same_bits(att, serial[i][1]), i
+        for out, att in got:
+            assert same_bits(out, serial[i][0]) and same_bits(att, serial[i][1]), i

@@ -6,31 +6,26 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from h3kernels import torch_ops
 from h3kernels.testing.checks import same_bits
+from h3kernels.testing.inputs import make_attention_inputs, make_fc_weights, make_mlp_inputs, mlp_arguments
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
-from test_varlen_attention_fp8 import random_inputs
 
 
-def mlp_args(m, rows, device):
-    g = torch.Generator().manual_seed(m)
-    rn = lambda *s: torch.randn(*s, generator=g).to(device)
-    wide = rn(rows, 6 * HIDDEN).bfloat16()
-    w1 = (rn(FC1_OUT, HIDDEN) * HIDDEN ** -0.5).bfloat16()
-    w2 = (rn(HIDDEN, FFN) * FFN ** -0.5).bfloat16()
-    if device == "meta":
-        q1, s1 = torch.empty(FC1_OUT, HIDDEN, dtype=torch.float8_e4m3fn, device=device), torch.empty(FC1_OUT, device=device)
-        q2, s2 = torch.empty(HIDDEN, FFN, dtype=torch.float8_e4m3fn, device=device), torch.empty(HIDDEN, device=device)
-    else:
-        import h3kernels
-
-        q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
-        q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
-    idx = torch.randint(-1, rows + 1, (m,), generator=g).to(device)
-    return (rn(m, HIDDEN).bfloat16(), (1 + 0.1 * rn(HIDDEN)).bfloat16(), wide[:, :HIDDEN], wide[:, HIDDEN:2 * HIDDEN],
-            idx, wide[:, 2 * HIDDEN:3 * HIDDEN], rn(m, HIDDEN).bfloat16(), q1, s1, q2, s2)
+def meta_mlp_args(m, rows):
+    """minimax_h3_mlp_fp8's arguments as meta tensors (shapes, dtypes and strides only)."""
+    e = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device="meta")
+    wide = e(rows, 6 * HIDDEN)
+    return (e(m, HIDDEN), e(HIDDEN), wide[:, :HIDDEN], wide[:, HIDDEN:2 * HIDDEN], e(m, dtype=torch.int64),
+            wide[:, 2 * HIDDEN:3 * HIDDEN], e(m, HIDDEN), e(FC1_OUT, HIDDEN, dtype=torch.float8_e4m3fn),
+            e(FC1_OUT, dtype=torch.float32), e(HIDDEN, FFN, dtype=torch.float8_e4m3fn), e(HIDDEN, dtype=torch.float32))
 
 
-def attention_args(lens, heads, device):
-    return random_inputs(lens, heads, seed=sum(lens), device=device)
+def mlp_args(m, rows, seed):
+    """minimax_h3_mlp_fp8's arguments on the GPU, random of that seed."""
+    return mlp_arguments(make_mlp_inputs(m, rows, seed=seed), make_fc_weights(seed=seed + 2))
+
+
+def attention_args(lens, heads, device, seed=0):
+    return make_attention_inputs(lens, heads, device=device, seed=seed)
 
 
 def block(mlp_in, att_in):
@@ -46,7 +41,7 @@ def block(mlp_in, att_in):
 def test_ops_are_registered_with_fake_implementations():
     assert hasattr(torch.ops.h3kernels, "minimax_h3_mlp_fp8")
     assert hasattr(torch.ops.h3kernels, "minimax_h3_varlen_attention_fp8")
-    mlp_in = mlp_args(5, 3, "meta")
+    mlp_in = meta_mlp_args(5, 3)
     att_in = attention_args([7, 0, 9], 2, "meta")
     graph = make_fx(block, tracing_mode="fake")(mlp_in, att_in)
     ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
@@ -59,9 +54,9 @@ def test_ops_are_registered_with_fake_implementations():
 
 
 @pytest.mark.gpu
-def test_torch_compile_fullgraph_matches_eager():
-    mlp_in = mlp_args(300, 8, "cuda")
-    att_in = attention_args([300, 0, 129, 700], 8, "cuda")
+def test_torch_compile_fullgraph_matches_eager(seed):
+    mlp_in = mlp_args(300, 8, seed)
+    att_in = attention_args([300, 0, 129, 700], 8, "cuda", seed)
     want = block(mlp_in, att_in)
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True)
@@ -71,9 +66,9 @@ def test_torch_compile_fullgraph_matches_eager():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_matches_eager():
-    mlp_in = mlp_args(129, 8, "cuda")
-    att_in = attention_args([1, 127, 129, 0, 300], 8, "cuda")
+def test_cuda_graph_replay_matches_eager(seed):
+    mlp_in = mlp_args(129, 8, seed)
+    att_in = attention_args([1, 127, 129, 0, 300], 8, "cuda", seed)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up on the capturing stream: plan upload, workspace, modules
@@ -87,8 +82,8 @@ def test_cuda_graph_replay_matches_eager():
     torch.cuda.synchronize()
     assert same_bits(static[0], want[0]) and same_bits(static[1], want[1])
     # new inputs copied into the captured ones: the replay follows them
-    mlp_in[0].copy_(torch.randn_like(mlp_in[0].float()).bfloat16())
-    att_in[0].copy_(torch.randn_like(att_in[0].float()).bfloat16())
+    mlp_in[0].copy_(make_mlp_inputs(129, 8, seed=seed + 4)["x"])
+    att_in[0].copy_(attention_args([1, 127, 129, 0, 300], 8, "cuda", seed + 1)[0])
     want2 = block(mlp_in, att_in)
     graph.replay()
     torch.cuda.synchronize()
@@ -97,8 +92,8 @@ def test_cuda_graph_replay_matches_eager():
 
 
 @pytest.mark.gpu
-def test_capture_without_warm_up_is_refused_clearly():
-    att_in = attention_args([333, 5], 2, "cuda")
+def test_capture_without_warm_up_is_refused_clearly(seed):
+    att_in = attention_args([333, 5], 2, "cuda", seed)
     s = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="call it once with the same cu_seqlens_host on this stream"):

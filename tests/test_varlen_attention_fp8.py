@@ -3,8 +3,9 @@
 CPU: the launcher's constants against the kernel's #defines; a lane-level numpy emulation of
 cuda_src/varlen_attention_fp8.cu (fragments, swizzles, ring, online softmax, P packing against
 the V pass's key permutation) against the reference; argument validation.
-GPU: against h3kernels.reference and a float64 unquantized attention, segment
-sets, heads, tokens = 0, cu_seqlens_host or not, out or not, torch and CuPy, streams, repeats.
+GPU: against h3kernels.reference and a float64 unquantized attention within the settled bounds
+(h3kernels.testing.checks.attention_misses), segment sets, heads, tokens = 0, cu_seqlens_host or
+not, out or not, torch and CuPy, streams, repeats.
 """
 import math
 import re
@@ -20,9 +21,10 @@ from h3kernels._launch import varlen_attention_fp8 as L
 from h3kernels._runtime import workspace
 from h3kernels._launch import varlen_attention_fp8_plan as P
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
-from h3kernels.testing.checks import attention_reference_misses, rel_l2
+from h3kernels.testing.checks import attention_misses, exact_attention, reference_rows, rel_l2, same_bits
 from h3kernels.constants import HEAD_DIM
-from h3kernels.testing.inputs import cu_seqlens_of
+from h3kernels.testing.inputs import make_attention_inputs
+from h3kernels.testing.poison import poisoned_like
 
 
 def test_constants_fit_the_kernel_and_sm120():
@@ -226,20 +228,14 @@ def kernel_inputs(q, k, v, cu):
 
 
 def random_inputs(seqlens, heads, k_offset=0.0, seed=0, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    n = int(sum(seqlens))
-    q, k, v = (torch.randn(n, heads, HD, generator=gen) for _ in range(3))
-    if k_offset:
-        k = k + k_offset * torch.randn(1, heads, HD, generator=gen)
-    cu = cu_seqlens_of(seqlens)
-    return (q.bfloat16().to(device), k.bfloat16().to(device), v.bfloat16().to(device),
-            torch.tensor(cu, dtype=torch.int32, device=device), cu)
+    """make_attention_inputs in the argument order of the softmax-variant tests below."""
+    return make_attention_inputs(seqlens, heads, device=device, seed=seed, k_offset=k_offset)
 
 
 @pytest.fixture(scope="module")
-def emulation_case():
+def emulation_case(seed_of):
     seqlens, heads = [1, 60, 0, 200, 129], 2  # 60: one key block
-    q, k, v, _, cu = random_inputs(seqlens, heads, k_offset=20.0, seed=1)
+    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
     tiles, block_offset = P.plan_host(cu, heads)
     args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
     return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
@@ -251,8 +247,8 @@ def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
     assert not np.isnan(got).any()  # every (token, head) written exactly by its tile
     # one key block (<= 64 keys): the online max is the final max, so P is the reference's
     assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
-    # longer: P rounds against running maxima (see the .cu's header comment)
-    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
+    # longer: P rounds against running maxima (the settled bound: docs/spec.md, Accuracy bounds)
+    assert rel_l2(got, want) <= 0.03, rel_l2(got, want)
     assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
 
     # the check has teeth: V in plain key order (no v_key_at permutation) is far off
@@ -268,7 +264,10 @@ def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
 # --- validation ---------------------------------------------------------------------------------
 
 def _args(device="cpu", seqlens=(3, 0, 5), heads=2):
-    q, k, v, cu, cu_host = random_inputs(list(seqlens), heads, device=device)
+    """A valid call (values do not matter to the checks: zeros)."""
+    cu_host = [0, *np.cumsum(seqlens).tolist()]
+    q, k, v = (torch.zeros(cu_host[-1], heads, HEAD_DIM, dtype=torch.bfloat16, device=device) for _ in range(3))
+    cu = torch.tensor(cu_host, dtype=torch.int32, device=device)
     return dict(q=q, k=k, v=v, cu_seqlens=cu, out=None, cu_seqlens_host=cu_host, softmax_scale=None)
 
 
@@ -331,6 +330,8 @@ def _check(args):
 
 
 @pytest.mark.parametrize("mutate,exc,msg", BAD, ids=[f"bad-{i}" for i in range(len(BAD))])
+# softmax_scale 1e39 overflows in its FP32 conversion inside the check that refuses it
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_bad_arguments_are_named(mutate, exc, msg):
     with pytest.raises(exc, match="^" + re.escape(msg)):
         _check(mutate(_args()))
@@ -351,39 +352,46 @@ def test_cpu_tensors_are_refused_before_anything_runs():
     assert h3kernels.minimax_h3_sm120_varlen_attention_fp8 is h3kernels.minimax_h3_varlen_attention_fp8
 
 
-def test_workspace_bytes_without_workspaces_needs_no_gpu():
-    if not workspace._workspaces:
-        assert h3kernels.workspace_bytes() == 0
+def test_workspace_bytes_before_any_call_is_0_and_needs_no_gpu():
+    """A fresh process, no device visible: nothing held, and nothing asks the driver."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    code = "import h3kernels; print(h3kernels.workspace_bytes(), h3kernels.workspace_bytes('cuda:3'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "0"], out.stdout + out.stderr[-2000:]
 
 
 # --- GPU ----------------------------------------------------------------------------------------
 
-def exact_chunked(q, k, v, cu, chunk=2048):
-    """reference.attention_exact (float64, unquantized) with the queries in chunks: a 16384-key
-    segment of 8 heads would otherwise need 17 GB of float64 scores at once."""
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
-    for a, b in zip(cu, cu[1:]):
-        for c in range(a, b, chunk):
-            e = min(c + chunk, b)
-            out[c:e] = _exact_rows(q[c:e], k[a:b], v[a:b])
-    return out
+def test_chunked_exact_equals_the_reference_exact(seed):
+    q, k, v, _, cu = make_attention_inputs([5, 0, 40], 2, device="cpu", seed=seed)
+    assert torch.allclose(exact_attention(q, k, v, cu, chunk=16), R.attention_exact(q, k, v, cu), rtol=0, atol=1e-12)
 
 
-def _exact_rows(qs, ks, vs):
-    qs, ks, vs = (x.double().transpose(0, 1) for x in (qs, ks, vs))
-    p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(HEAD_DIM), dim=-1)
-    return (p @ vs).transpose(0, 1)
-
-
-def test_chunked_exact_equals_the_reference_exact():
-    q, k, v, _, cu = random_inputs([5, 0, 40], 2, seed=3)
-    assert torch.allclose(exact_chunked(q, k, v, cu, chunk=16), R.attention_exact(q, k, v, cu), rtol=0, atol=1e-12)
+def test_attention_misses_name_what_is_out_of_bounds(seed):
+    """checks.attention_misses passes the reference's own output and names an unwritten element, a
+    one-block segment 1% off (its bound is 0.005) and a whole set 5% off (0.03)."""
+    q, k, v, _, cu = make_attention_inputs([1, 60, 0, 200], 2, device="cpu", seed=seed)
+    want = R.attention_fp8(q, k, v, cu)
+    assert attention_misses(want, q, k, v, cu) == []
+    g = torch.Generator().manual_seed(seed)
+    noisy = lambda t, rel: (t.float() * (1 + rel * torch.randn(t.shape, generator=g))).bfloat16()
+    unwritten = want.clone()
+    unwritten[70, 1, 3] = float("nan")
+    one_block = want.clone()
+    one_block[1:61] = noisy(want[1:61], 0.01)
+    everywhere = noisy(want, 0.05)
+    for got, what in ((unwritten, "non-finite"), (one_block, "segment 1 (60 keys)"), (everywhere, "all rows")):
+        misses = attention_misses(got, q, k, v, cu)
+        assert any(m[0].startswith(what) for m in misses), (what, misses)
 
 
 def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
-    out = None
-    if give_out:
-        out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=q.device)  # poisoned
+    """The operator, into a NaN-poisoned out when give_out."""
+    out = poisoned_like(q) if give_out else None
     res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu if host else None, **kw)
     if give_out:
         assert res is out
@@ -391,18 +399,15 @@ def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
 
 
 def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=True):
-    q, k, v, cu_dev, cu = random_inputs(seqlens, heads, k_offset, seed, device="cuda")
+    """Random inputs of that seed through the operator, within the settled bounds: rel L2 from the
+    reference at most checks.reference_bound (0.005 for the rows of segments of one key block,
+    0.03 on longer ones), against exact attention at most 1.1x the reference's, every element
+    written."""
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
     got = run_op(q, k, v, cu_dev, cu, host=host, give_out=give_out)
     torch.cuda.synchronize()
-    assert torch.isfinite(got.float()).all()  # every element written, none NaN
-    want = R.attention_fp8(q, k, v, cu)  # on the GPU tensors
-    exact = exact_chunked(q, k, v, cu)
-    err_exact, ref_exact = rel_l2(got, exact), rel_l2(want, exact)
-    assert err_exact <= 1.1 * ref_exact, (err_exact, ref_exact)
-    # reference_bound: 0.005 for the rows of segments of one key block (and everywhere in the
-    # two-pass variant), 0.03 for the online max on longer ones (a stricter 0.02 was asked for:
-    # test_online_softmax_meets_0p02_on_long_segments keeps that requirement, as a known failure)
-    assert not attention_reference_misses(got, want, cu)
+    misses = attention_misses(got, q, k, v, cu)
+    assert not misses, misses
     return got
 
 
@@ -417,31 +422,31 @@ SEGMENT_SETS = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlens,heads", SEGMENT_SETS, ids=[f"{len(s)}seg-{h}h" for s, h in SEGMENT_SETS])
-def test_matches_reference_and_exact(seqlens, heads):
-    check_accuracy(seqlens, heads)
+def test_matches_reference_and_exact(seqlens, heads, seed):
+    check_accuracy(seqlens, heads, seed=seed)
 
 
 @pytest.mark.gpu
-def test_64_random_segments():
-    lens = np.random.default_rng(7).integers(0, 700, 64).tolist()
-    check_accuracy(lens, 8, seed=7)
+def test_64_random_segments(seed):
+    lens = np.random.default_rng(seed).integers(0, 700, 64).tolist()
+    check_accuracy(lens, 8, seed=seed)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [1, 56])
-def test_large_per_channel_key_offset(heads):
-    check_accuracy([0, 1, 127, 128, 129, 2000], heads, k_offset=40.0, seed=11)
+def test_large_per_channel_key_offset(heads, seed):
+    check_accuracy([0, 1, 127, 128, 129, 2000], heads, k_offset=40.0, seed=seed)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("host,give_out", [(False, True), (True, False), (False, False)])
-def test_without_host_seqlens_or_out(host, give_out):
-    check_accuracy([5, 0, 333, 64], 8, seed=5, host=host, give_out=give_out)
+def test_without_host_seqlens_or_out(host, give_out, seed):
+    check_accuracy([5, 0, 333, 64], 8, seed=seed, host=host, give_out=give_out)
 
 
 @pytest.mark.gpu
-def test_softmax_scale_and_zero_scales():
-    q, k, v, cu_dev, cu = random_inputs([200, 0, 130], 8, seed=9, device="cuda")
+def test_softmax_scale_and_zero_scales(seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([200, 0, 130], 8, device="cuda", seed=seed)
     q[3] = 0  # s_q = 0 rows
     # s_k = 0 needs k' = k - mu = 0: a constant block inside a varying segment still has k' != 0,
     # so the whole third segment [200, 330) is constant for head 1 (mu = 2.5 exactly, both blocks 0)
@@ -451,7 +456,7 @@ def test_softmax_scale_and_zero_scales():
     want = R.attention_fp8(q, k, v, cu, softmax_scale=0.3)
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()
-    assert rel_l2(got, want) <= 0.02
+    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
     assert (got[:, 2, 7] == 0).all()
 
 
@@ -467,41 +472,42 @@ def test_tokens_zero_returns_empty():
 
 
 @pytest.mark.gpu
-def test_repeated_runs_are_bitwise_identical():
-    q, k, v, cu_dev, cu = random_inputs([3000, 1, 1000], 56, seed=13, device="cuda")
+def test_repeated_runs_are_bitwise_identical(seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([3000, 1, 1000], 56, device="cuda", seed=seed)
     first = run_op(q, k, v, cu_dev, cu)
     for _ in range(3):
         again = run_op(q, k, v, cu_dev, cu)
         torch.cuda.synchronize()
-        assert torch.equal(first.view(torch.int16), again.view(torch.int16))
+        assert same_bits(first, again)
 
 
 @pytest.mark.gpu
-def test_cupy_inputs_give_the_torch_result():
-    import cupy
-
-    q, k, v, cu_dev, cu = random_inputs([100, 0, 700], 8, seed=17, device="cuda")
+def test_callers_stream_and_kind_give_the_same_bits(seed, array_kind):
+    """On a new stream of the caller's kind, q written there behind a delay (a launch on any other
+    stream would read its NaN poison), with cu_seqlens_host and without: the default stream's bits,
+    in an array of the caller's kind."""
+    q, k, v, cu_dev, cu = make_attention_inputs([100, 0, 700], 8, device="cuda", seed=seed)
     want = run_op(q, k, v, cu_dev, cu)
     torch.cuda.synchronize()
-    as_cupy = lambda x: cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)  # bf16 bits
-    cq, ck, cv = as_cupy(q), as_cupy(k), as_cupy(v)
-    ccu = cupy.asarray(np.array(cu, np.int32))
-    with cupy.cuda.Stream(non_blocking=True):
-        for host in (cu, None):
-            got = h3kernels.minimax_h3_varlen_attention_fp8(cq, ck, cv, ccu, cu_seqlens_host=host)
-            assert isinstance(got, cupy.ndarray) and got.shape == (800, 8, 128)
-            bits = torch.from_numpy(cupy.asnumpy(got.view(cupy.uint16)).view(np.int16))
-            assert torch.equal(bits, want.view(torch.int16).cpu())
+    cq, ck, cv, ccu = (array_kind.to(t) for t in (q, k, v, cu_dev))
+    for host in (cu, None):
+        q_late = array_kind.nan_like(cq)
+        with array_kind.side_stream():
+            array_kind.delay()
+            array_kind.write(q_late, cq)
+            got = h3kernels.minimax_h3_varlen_attention_fp8(q_late, ck, cv, ccu, cu_seqlens_host=host)
+        assert got.shape == (800, 8, 128)
+        assert same_bits(array_kind.torch(got, torch.bfloat16), want), host
 
 
 @pytest.mark.gpu
-def test_two_streams_at_once_match_serial_runs():
-    cases = [random_inputs([4096, 100], 56, seed=19, device="cuda"), random_inputs([129, 2500], 8, seed=23,
-                                                                                    device="cuda")]
+def test_two_streams_at_once_match_serial_runs(seed):
+    cases = [make_attention_inputs([4096, 100], 56, device="cuda", seed=seed),
+             make_attention_inputs([129, 2500], 8, device="cuda", seed=seed + 1)]
     serial = [run_op(q, k, v, cu_dev, cu) for q, k, v, cu_dev, cu in cases]
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    outs = [torch.full(c[0].shape, float("nan"), dtype=torch.bfloat16, device="cuda") for c in cases]
+    outs = [poisoned_like(c[0]) for c in cases]
     torch.cuda.synchronize()
     for _ in range(3):
         for (q, k, v, cu_dev, cu), out, s in zip(cases, outs, streams):
@@ -509,7 +515,7 @@ def test_two_streams_at_once_match_serial_runs():
                 h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu)
     torch.cuda.synchronize()
     for out, want in zip(outs, serial):
-        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+        assert same_bits(out, want)
     dev = torch.cuda.current_device()
     held = {key: ws.nbytes for key, ws in workspace._workspaces.items() if key[0] == dev}
     for s in streams:
@@ -569,25 +575,14 @@ def test_device_cu_seqlens_are_checked_after_one_copy():
         h3kernels.minimax_h3_varlen_attention_fp8(**args)
 
 
-def test_the_benchmarks_reference_rows_are_the_references(monkeypatch):
-    """bench/bench_attention.py compares ours with h3kernels.reference on sampled query rows only
-    (reference_rows); those rows must be the whole-set reference's, bit for bit."""
-    import importlib.util
-
-    from h3kernels._runtime.compiler import source_dir
-
-    path = source_dir().parent / "bench" / "bench_attention.py"
-    if not path.is_file():
-        pytest.skip("no bench/ beside the package (installed copy)")
-    spec = importlib.util.spec_from_file_location("bench_attention", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.syspath_prepend(str(path.parent))  # its sibling bench_common, as when run as a script
-    spec.loader.exec_module(bench)
-    q, k, v, _, cu = random_inputs([5, 0, 200, 130], 3, k_offset=5.0, seed=29)
+def test_reference_rows_are_the_references(seed):
+    """checks.reference_rows (what bench/ compares ours with at long segments) computes the
+    reference for sampled query rows only; those rows must be the whole-set reference's, bit for bit."""
+    q, k, v, _, cu = make_attention_inputs([5, 0, 200, 130], 3, device="cpu", seed=seed, k_offset=5.0)
     want = R.attention_fp8(q, k, v, cu, softmax_scale=0.2)
     idx = torch.tensor([0, 4, 5, 6, 100, 204, 205, 300, 334])
-    got = bench.reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
-    assert torch.equal(got.view(torch.int16), want[idx].view(torch.int16))
+    got = reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
+    assert same_bits(got, want[idx])
 
 
 def test_workspace_device_arguments():

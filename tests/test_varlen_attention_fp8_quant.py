@@ -2,22 +2,19 @@
 simulator without a GPU, on the GPU with one."""
 import numpy as np
 import pytest
-import torch
 
 from h3kernels.testing import simulator as numba_check
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
-from h3kernels.testing.inputs import cu_seqlens_of
+from h3kernels.testing.inputs import make_attention_inputs
 from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)
 
 
-def hard_inputs(seqlens, heads):
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
-    t = sum(seqlens)
-    q, k, v = (torch.randn(t, heads, 128, generator=g) for _ in range(3))
-    k = k + 40 * torch.randn(1, heads, 128, generator=g)  # large per-channel offset: smoothing
-    cu = cu_seqlens_of(seqlens)
+def hard_inputs(seqlens, heads, seed):
+    # a large per-channel offset of K: what smoothing removes
+    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed, k_offset=40.0)
+    t = cu[-1]
     long_seg = int(np.argmax(seqlens))
     if seqlens[long_seg] >= 128 and heads > 1:
         # s_k = 0 needs k' = k - mu = 0, i.e. keys equal to their segment's mean: a constant block
@@ -27,24 +24,25 @@ def hard_inputs(seqlens, heads):
     if t > 8:
         v[:, 0, 5] = 0  # a zero V channel
         q[7] = 0  # zero Q rows
-    return q.bfloat16(), k.bfloat16(), v.bfloat16(), cu
+    return q, k, v, cu
 
 
-def check(seqlens, heads):
+def check(seqlens, heads, seed):
     """Every output of the passes (into poisoned arrays) against the reference, bitwise; v8t's
     padding columns included (zeros)."""
-    assert not numba_check.attention_pass_mismatches(*hard_inputs(seqlens, heads))
+    mismatches = numba_check.attention_pass_mismatches(*hard_inputs(seqlens, heads, seed))
+    assert not mismatches, f"differ from the reference: {mismatches}"
 
 
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
-def test_simulator_passes_equal_the_reference():
-    check([0, 1, 127, 0, 130], heads=2)  # small: the simulator runs ~1,000 threads a second
+def test_simulator_passes_equal_the_reference(seed):
+    check([0, 1, 127, 0, 130], heads=2, seed=seed)  # small: the simulator runs ~1,000 threads a second
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlens,heads", [([0, 1, 127, 128, 129, 0, 300], 2), ([4096], 8), ([700, 0, 33], 56)])
-def test_gpu_passes_equal_the_reference(seqlens, heads):
-    check(seqlens, heads)
+def test_gpu_passes_equal_the_reference(seqlens, heads, seed):
+    check(seqlens, heads, seed)
 
 
 def test_v_layout_permutes_each_16_key_group_and_zero_pads():
@@ -66,60 +64,59 @@ def test_v_layout_permutes_each_16_key_group_and_zero_pads():
                 assert not col.any()
 
 
-def test_infinite_q_and_v_scales_divide():
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_infinite_scales)")
+def test_infinite_q_and_v_scales_divide(seed):
     """An Inf in a Q row or a V channel makes that scale inf; its codes are those of x / inf (zeros,
     NaN for the Inf itself), as the reference's, not the NaNs that inv = 0 would give."""
-    if not SIM:
-        pytest.skip("the simulator runs when there is no GPU (the GPU twin is test_gpu_infinite_scales)")
-    check_infinite_scales()
+    with pytest.warns(RuntimeWarning, match="invalid value encountered"):  # inf / inf: NaN, as on the GPU
+        check_infinite_scales(seed)
 
 
 @pytest.mark.gpu
-def test_gpu_infinite_scales():
-    check_infinite_scales()
+def test_gpu_infinite_scales(seed):
+    check_infinite_scales(seed)
 
 
 def passes_on(heads, seed, edit):
-    """(q, k, v, cu, the passes' outputs) on two segments [5, 65] of random q, k, v (float32,
-    before `edit(q, k, v)` and the bf16 rounding)."""
-    g = torch.Generator().manual_seed(seed)
-    cu = [0, 5, 70]
-    q, k, v = (torch.randn(cu[-1], heads, 128, generator=g) for _ in range(3))
+    """(q, k, v, cu, the passes' outputs) on two segments [5, 65] of random q, k, v with
+    `edit(q, k, v)` applied (in place, to the bf16 tensors)."""
+    q, k, v, _, cu = make_attention_inputs([5, 65], heads, device="cpu", seed=seed)
     edit(q, k, v)
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     return q, k, v, cu, numba_check.attention_passes(q, k, v, cu)
 
 
-def check_infinite_scales():
+def check_infinite_scales(seed):
     def edit(q, k, v):
         q[3, 0, 7] = float("inf")
         v[40, 0, 100] = float("-inf")
 
-    q, k, v, cu, out = passes_on(1, 9, edit)
+    q, k, v, cu, out = passes_on(1, seed, edit)
     assert np.isinf(out["s_q"][3, 0]) and np.isinf(out["s_v"][1, 0, 100])
-    assert not numba_check.attention_pass_mismatches(q, k, v, cu, out)  # NaN codes alike, s_k included
+    mismatches = numba_check.attention_pass_mismatches(q, k, v, cu, out)  # NaN codes alike, s_k included
+    assert not mismatches, f"differ from the reference: {mismatches}"
 
-def test_nan_scales_give_zero_codes():
+
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_nan_scales)")
+def test_nan_scales_give_zero_codes(seed):
     """A NaN in a Q row, a K element or a V channel makes that row's s_q, the segment and head's
     s_k and that channel's s_v NaN (amaxes keep NaN, as the reference's torch amax), with zero
     codes; the Python or PTX max would drop the NaN and quantize against the other values."""
-    if not SIM:
-        pytest.skip("the simulator runs when there is no GPU (the GPU twin is test_gpu_nan_scales)")
-    check_nan_scales()
+    check_nan_scales(seed)
 
 
 @pytest.mark.gpu
-def test_gpu_nan_scales():
-    check_nan_scales()
+def test_gpu_nan_scales(seed):
+    check_nan_scales(seed)
 
 
-def check_nan_scales():
+def check_nan_scales(seed):
     def edit(q, k, v):
         q[3, 1, 7] = float("nan")
         k[40, 0, 100] = float("nan")
         v[20, 1, 9] = float("nan")
 
-    q, k, v, cu, out = passes_on(2, 10, edit)
+    q, k, v, cu, out = passes_on(2, seed, edit)
     assert np.isnan(out["s_q"][3, 1]) and np.isnan(out["s_k"][1:, 0]).all() and np.isnan(out["s_v"][1, 1, 9])
-    assert not numba_check.attention_pass_mismatches(q, k, v, cu, out)  # NaN where the reference's are
+    mismatches = numba_check.attention_pass_mismatches(q, k, v, cu, out)  # NaN where the reference's are
+    assert not mismatches, f"differ from the reference: {mismatches}"
     assert (out["q8"][3, 1] == 0).all() and (out["k8"][5:, 0] == 0).all()

@@ -96,12 +96,18 @@ def aligned(name, a, nbytes):
         fail(name, f"base address {dispatch.data_ptr(a):#x}", f"{article} {nbytes}-byte-aligned base")
 
 
+# the smallest double that rounds to FP32 infinity: FP32's max plus half its ulp (a tie, which
+# rounds to the even neighbour, infinity)
+FP32_MAX_ROUNDING_DOWN = float(np.finfo(np.float32).max) + 2.0 ** 103
+
+
 def positive_finite(name, v):
     """A float that stays positive and finite in FP32 (the kernels use it as float32)."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         fail(name, repr(v), "a positive finite float", TypeError)
     f = float(v)
-    if not (math.isfinite(f) and f > 0 and 0 < float(np.float32(f)) < math.inf):
+    # compared with FP32's range before the cast, which would warn of the overflow it reports
+    if not (math.isfinite(f) and f > 0 and f < FP32_MAX_ROUNDING_DOWN and float(np.float32(f)) > 0):
         fail(name, repr(v), "a positive float, finite and nonzero in FP32")
     return f
 

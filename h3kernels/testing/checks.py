@@ -70,3 +70,322 @@ def same_bits(a, b):
         return False
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+def assert_same_bits(got, want, what):
+    """Raises AssertionError naming how many elements of integer tensors (raw bits) `got` and
+    `want` differ, in which rows, and the first few (row, col, got, want)."""
+    got, want = got.cpu().reshape(got.shape[0], -1), want.cpu().reshape(want.shape[0], -1)
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    bad = (got != want).nonzero()
+    if len(bad):
+        rows = sorted(set(bad[:, 0].tolist()))
+        first = [(r, c, int(got[r, c]), int(want[r, c])) for r, c in bad[:5].tolist()]
+        raise AssertionError(f"{what}: {len(bad)} of {got.numel()} differ, in rows {rows[:20]}; "
+                             f"first (row, col, got, want): {first}")
+
+
+# --- reported figures -------------------------------------------------------------------------
+
+def report(record):
+    """A measured figure (docs/numerics.md), not a pass/fail criterion: printed as JSON, and
+    appended to the file $H3KERNELS_TEST_LOG names, if set."""
+    import json
+    import os
+
+    line = json.dumps(record)
+    print(line)
+    path = os.environ.get("H3KERNELS_TEST_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+ULP_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (17, 256), (257, None))
+
+
+def ulp_histogram(ulps, into=None):
+    """Counts of bf16_ulps distances in ULP_BUCKETS, as {"0": n, ..., "3-4": n, ">256": n}, added
+    to `into` if given."""
+    hist = {} if into is None else into
+    for lo, hi in ULP_BUCKETS:
+        name = str(lo) if hi == lo else (f">{lo - 1}" if hi is None else f"{lo}-{hi}")
+        sel = ulps >= lo if hi is None else (ulps >= lo) & (ulps <= hi)
+        hist[name] = hist.get(name, 0) + int(sel.sum())
+    return hist
+
+
+# --- MLP: y and out against the reference, element by element ----------------------------------
+
+def accumulation_bound(k):
+    """Relative bound (of sum|products|) on how far an FP32 tensor-core sum of k exact e4m3
+    products, in the kernel's order, can be from the exact sum: k/16 accumulation steps of k16,
+    each off by at most about 2^-23 of the running magnitude, doubled for the products'
+    alignment inside the unit."""
+    return 2 * (k // 16) * 2.0 ** -23
+
+
+ACC_BOUND = accumulation_bound(5376)  # FC1: 672 * 2^-23
+ROW_CHUNK = 8192  # rows per float64 reference GEMM
+
+
+WITHIN_1_ULP = 0.999  # the contract: at least this share of y and out elements within 1 bf16 ulp
+
+
+def check_mlp_y(a_q, a_scale, w1_q, w1_scale, y, tag, within_1_ulp=WITHIN_1_ULP):
+    """y against the reference computed from the kernel's own a_q (AssertionError naming `tag`).
+
+    Every element within its propagated bound: the accumulation bound b in ulps of h; h itself then
+    differs by at most b + 1 ulps after rounding, SiLU scales a relative change of h_gate by its
+    slope, and three bf16 roundings follow, so y may be slope * (b_gate + 1) + b_up + 3 ulps off
+    (at least 3: chunks within 2 ulps skip the bound). And at least `within_1_ulp` of the elements
+    within 1 ulp. The ulp histogram is reported, not asserted. Returns the reported stats."""
+    import torch
+
+    from h3kernels import reference as R
+    from h3kernels.constants import FFN, fc1_row_order_numpy
+
+    order = torch.from_numpy(fc1_row_order_numpy()).to(y.device)
+    w_abs = w1_q.to(torch.float64).abs()
+    n = worse1 = worse2 = unexplained = 0
+    max_ulps = max_well = 0
+    hist = {}
+    for r0 in range(0, y.shape[0], ROW_CHUNK):
+        aq, sa = a_q[r0:r0 + ROW_CHUNK], a_scale[r0:r0 + ROW_CHUNK]
+        want = R.fc1_swiglu(aq, sa, w1_q, w1_scale)
+        ulps = bf16_ulps(y[r0:r0 + ROW_CHUNK], want)
+        ulp_histogram(ulps, hist)
+        n += ulps.numel()
+        worse1 += int((ulps > 1).sum())
+        max_ulps = max(max_ulps, int(ulps.max()))
+        if int(ulps.max()) <= 2:
+            continue
+        acc = R.exact_dot(aq, w1_q).to(torch.float64)
+        cond = (aq.to(torch.float64).abs() @ w_abs.T) * ACC_BOUND * 256 / acc.abs()  # bound in h ulps
+        logical = torch.empty_like(cond)
+        logical[:, order] = cond
+        bg, bu = logical[:, :FFN], logical[:, FFN:]
+        h = torch.empty_like(acc)
+        h[:, order] = R.bf16((R.exact_dot(aq, w1_q) * sa[:, None]) * w1_scale[None, :]).to(torch.float64)
+        g = h[:, :FFN]
+        slope = (1 + g * (1 - torch.sigmoid(g))).abs()  # d log silu / d log g
+        well = (bg < 1) & (bu < 1) & (slope < 2)
+        max_well = max(max_well, int(ulps[well].max()) if well.any() else 0)
+        allowed = 2 + slope * (1 + bg) + (1 + bu)
+        bad = (ulps > 2) & ~(ulps <= allowed)  # NaN allowed (an all-zero sum) only where y is exact
+        worse2 += int((ulps > 2).sum())
+        unexplained += int(bad.sum())
+        if bad.any():
+            i = bad.nonzero()[0].tolist()
+            raise AssertionError(f"{tag}: y[{r0 + i[0]}, {i[1]}] is {int(ulps[i[0], i[1]])} ulps off with "
+                                 f"h_gate {float(g[i[0], i[1]])}, bounds {float(bg[i[0], i[1]])}, "
+                                 f"{float(bu[i[0], i[1]])}: not an accumulation-order effect "
+                                 f"({unexplained} such elements in rows {r0}..{r0 + len(ulps) - 1})")
+    stats = dict(check="y", tag=tag, elements=n, over_1_ulp=worse1, over_2_ulps=worse2, max_ulps=max_ulps,
+                 max_ulps_well_conditioned=max_well, ulp_histogram=hist)
+    report(stats)
+    assert n - worse1 >= within_1_ulp * n, \
+        f"{tag}: y: {worse1} of {n} elements over 1 ulp (at most {1 - within_1_ulp:.3%} allowed)"
+    return stats
+
+
+def fc2_out_bound(acc, mag, y_scale, w2_scale, o, gate_rows, res_plus_t):
+    """The largest |out - reference out| (float64, per element) that an FP32 sum of the FC2
+    products in any tensor-core order allows, carried through the epilogue's roundings. acc: the
+    exact sums (float64 [rows, 5376]); mag: sum|products|; o: the reference's o; gate_rows: the
+    gate row of each output row; res_plus_t: residual + the reference's bf16(gate * o).
+
+    |RN(a) - RN(b)| <= |a - b| + 2^-p (|a| + |b|) + (subnormal half-steps), for FP32 (p = 24) and
+    bf16 (p = 8) alike; each step below is that, from the acc difference to out."""
+    import torch
+
+    from h3kernels.constants import FFN
+
+    f64 = torch.float64
+    u32, u8 = 2.0 ** -23, 2.0 ** -7  # twice the unit roundoff: for |a| + |b| <= 2|b| + |a - b|
+    a = acc.abs()
+    c = (y_scale.to(f64)[:, None] * w2_scale.to(f64)[None, :]).abs()
+    e_acc = accumulation_bound(FFN) * mag + 2.0 ** -24 * a  # the kernel's order; the reference's FP32 rounding
+    d_pre = (e_acc + u32 * 2 * (a + e_acc)) * c + 2.0 ** -147  # (acc * s_y) * s_w: two FP32 roundings each
+    d_o = d_pre + 1.01 * u8 * (a * c + d_pre) + 2.0 ** -133  # bf16(o)
+    g = gate_rows.to(f64).abs()
+    d_t = g * d_o + 1.01 * u8 * g * (o.to(f64).abs() + d_o) + 2.0 ** -132  # bf16(gate * o), product exact
+    v = res_plus_t.abs()
+    d_sum = d_t + u32 * (v + d_t) + 2.0 ** -149  # residual + t in FP32
+    return d_sum + 1.01 * u8 * (v + d_sum) + 2.0 ** -133  # bf16(out)
+
+
+def check_mlp_out(y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, tag, within_1_ulp=WITHIN_1_ULP):
+    """out against the reference computed from the kernel's own y_q (AssertionError naming `tag`):
+    index-guarded rows equal residual bitwise; every other element within fc2_out_bound (at least
+    1 ulp: chunks within 1 ulp skip it); at least `within_1_ulp` of them within 1 ulp. The ulp
+    histogram is reported, not asserted. Returns the reported stats."""
+    import torch
+
+    from h3kernels import reference as R
+
+    f64 = torch.float64
+    valid_idx, valid = R.index_guard(adaln_index, gate.shape[0])
+    n = worse1 = 0
+    max_ulps = 0
+    hist = {}
+    w_abs = w2_q.to(f64).abs()
+    for r0 in range(0, out.shape[0], ROW_CHUNK):
+        sl = slice(r0, r0 + ROW_CHUNK)
+        acc = y_q[sl].to(f64) @ w2_q.to(f64).T  # exact; R.exact_dot rounds it to FP32
+        o = R.bf16((acc.float() * y_scale[sl, None]) * w2_scale[None, :])
+        gate_rows = gate[valid_idx[sl]]
+        t = R.bf16(gate_rows.float() * o.float())
+        want = R.bf16(residual[sl].float() + t.float())
+        want = torch.where(valid[sl, None], want, residual[sl])
+        got = out[sl]
+        guarded = ~valid[sl]
+        if guarded.any():
+            assert_same_bits(got[guarded].view(torch.int16), residual[sl][guarded].view(torch.int16),
+                             f"{tag}: out on index-guarded rows (must be residual)")
+        ulps = bf16_ulps(got, want)
+        ulp_histogram(ulps, hist)
+        n += ulps.numel()
+        worse1 += int((ulps > 1).sum())
+        max_ulps = max(max_ulps, int(ulps.max()))
+        if int(ulps.max()) <= 1:
+            continue
+        bound = fc2_out_bound(acc, y_q[sl].to(f64).abs() @ w_abs.T, y_scale[sl], w2_scale, o, gate_rows,
+                              residual[sl].to(f64) + t.to(f64))
+        diff = (got.to(f64) - want.to(f64)).abs()
+        bad = valid[sl, None] & ~(diff <= bound)
+        if bad.any():
+            i = bad.nonzero()[0].tolist()
+            raise AssertionError(f"{tag}: out[{r0 + i[0]}, {i[1]}] = {float(got[i[0], i[1]])}, reference "
+                                 f"{float(want[i[0], i[1]])}: {float(diff[i[0], i[1]])} off, more than the "
+                                 f"bound {float(bound[i[0], i[1]])} of an FP32 sum in any order "
+                                 f"({int(bad.sum())} such elements in rows {r0}..{r0 + len(ulps) - 1})")
+    stats = dict(check="out", tag=tag, elements=n, over_1_ulp=worse1, max_ulps=max_ulps, ulp_histogram=hist)
+    report(stats)
+    assert n - worse1 >= within_1_ulp * n, \
+        f"{tag}: out: {worse1} of {n} elements over 1 ulp (at most {1 - within_1_ulp:.3%} allowed)"
+    return stats
+
+
+def check_mlp_stages(inputs, weights, out, workspaces, tag, report_exact=True):
+    """Every stage of one minimax_h3_mlp_fp8 call read back through its workspaces (poisoned before
+    the call): a_q and a_scale bitwise, y by check_mlp_y, y_q and y_scale bitwise from the kernel's
+    own y, out by check_mlp_out. inputs: make_mlp_inputs' dict as it was before the call (out may
+    alias x or residual); weights: make_fc_weights' dict. report_exact: also report, and bound
+    loosely (cos > 0.99, rel L2 < 0.1), out - residual against the unquantized bf16 weights."""
+    import torch
+
+    from h3kernels import reference as R
+
+    ws = workspaces
+    a = R.mlp_row_stage(inputs["x"], inputs["x_norm_weight"], inputs["adaln_scale"], inputs["adaln_shift"],
+                        inputs["adaln_index"])
+    a_q, a_s = R.quantize_rows(a)
+    assert_same_bits(ws["workspace_a_q"].view(torch.uint8), a_q.view(torch.uint8), f"{tag}: a_q")
+    assert_same_bits(ws["workspace_a_scale"].view(torch.int32)[:, None], a_s.view(torch.int32)[:, None],
+                     f"{tag}: a_scale")
+    y = ws["workspace_y"]
+    assert not torch.isnan(y.float()).any(), f"{tag}: y has NaN elements (unwritten?)"
+    check_mlp_y(ws["workspace_a_q"], ws["workspace_a_scale"], weights["q1"], weights["s1"], y, tag)
+    for r0 in range(0, y.shape[0], ROW_CHUNK):
+        yq, ys = R.quantize_rows(y[r0:r0 + ROW_CHUNK])
+        assert_same_bits(ws["workspace_y_q"][r0:r0 + ROW_CHUNK].view(torch.uint8), yq.view(torch.uint8),
+                         f"{tag}: y_q rows from {r0}")
+        assert_same_bits(ws["workspace_y_scale"][r0:r0 + ROW_CHUNK].view(torch.int32)[:, None],
+                         ys.view(torch.int32)[:, None], f"{tag}: y_scale rows from {r0}")
+    check_mlp_out(ws["workspace_y_q"], ws["workspace_y_scale"], weights["q2"], weights["s2"], inputs["gate"],
+                  inputs["adaln_index"], inputs["residual"], out, tag)
+    if report_exact:
+        n = min(out.shape[0], 2048)
+        sub = {k: (v[:n] if k in ("x", "adaln_index") else v) for k, v in inputs.items()}
+        want = R.mlp_exact_bf16(sub["x"], sub["x_norm_weight"], sub["adaln_scale"], sub["adaln_shift"],
+                                sub["adaln_index"], sub["gate"], weights["w1"], weights["w2"])
+        got = out[:n].float() - inputs["residual"][:n].float()
+        c, rel = cos(got, want), rel_l2(got, want)
+        report(dict(check="out-residual vs unquantized bf16 weights (FP32 math)", tag=tag, rows=n, cos=c,
+                    rel_l2=rel))
+        assert c > 0.99 and rel < 0.1, f"{tag}: out - residual vs unquantized weights: cos {c}, rel L2 {rel}"
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+def exact_attention(q, k, v, cu_host, chunk=2048):
+    """h3kernels.reference.attention_exact (float64, unquantized) with the queries in chunks: a
+    16384-key segment of 8 heads would otherwise need 17 GB of float64 scores at once."""
+    import math
+
+    import torch
+
+    from h3kernels.constants import HEAD_DIM
+
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for a, b in zip(cu_host, cu_host[1:]):
+        ks, vs = (x[a:b].double().transpose(0, 1) for x in (k, v))
+        for c in range(a, b, chunk):
+            e = min(c + chunk, b)
+            qs = q[c:e].double().transpose(0, 1)
+            p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(HEAD_DIM), dim=-1)
+            out[c:e] = (p @ vs).transpose(0, 1)
+    return out
+
+
+def attention_misses(got, q, k, v, cu_host):
+    """How attention output `got` (of q, k, v, the default softmax_scale) misses the settled bounds,
+    as (what, value, bound) entries ([] when it meets them all): every element finite (written),
+    attention_reference_misses against h3kernels.reference, and rel L2 against exact attention at
+    most 1.1x the reference's own."""
+    import torch
+
+    from h3kernels import reference as R
+
+    bad = int((~torch.isfinite(got.float())).sum())
+    misses = [("non-finite (unwritten?) elements", bad, 0)] if bad else []
+    want = R.attention_fp8(q, k, v, cu_host)
+    misses += attention_reference_misses(got, want, cu_host)
+    exact = exact_attention(q, k, v, cu_host)
+    err, ref = rel_l2(got, exact), rel_l2(want, exact)
+    if not err <= 1.1 * ref:
+        misses.append(("rel L2 vs exact attention", err, 1.1 * ref))
+    return misses
+
+
+def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=256):
+    """h3kernels.reference.minimax_h3_varlen_attention_fp8 for the query rows idx only (bf16
+    [len(idx), heads, 128]), on the tensors' device. The quantization is the reference's own
+    (quantize_attention_inputs over every token: K means and V scales need whole segments); the
+    per-row formula below is the reference's, line for line, restricted to those rows, so that a
+    long segment's whole-set reference (minutes of float32 scores at 1 x 65536) is never formed.
+    chunk: query rows per step ([heads, chunk, keys] float32 scores)."""
+    import math
+
+    import torch
+
+    from h3kernels import reference as R
+    from h3kernels.constants import HEAD_DIM
+
+    scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
+    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu_host)
+    idx = idx.to(q.device)
+    res = torch.empty((idx.numel(), q.shape[1], HEAD_DIM), dtype=torch.bfloat16, device=q.device)
+    for a, b in zip(cu_host[:-1], cu_host[1:]):
+        pos = torch.nonzero((idx >= a) & (idx < b)).flatten()  # result rows of this segment
+        if b == a or pos.numel() == 0:
+            continue
+        kf = k8[a:b].to(torch.float32).transpose(0, 1)  # [heads, L, 128]
+        vf = v8[a:b].to(torch.float32).transpose(0, 1)
+        sk = s_k[a:b].T  # [heads, L]
+        sv = s_v[a].to(torch.float32)  # [heads, 128]
+        for c in range(0, pos.numel(), chunk):
+            p_rows = pos[c:c + chunk]
+            rows = idx[p_rows]
+            # gathered as raw bytes: index kernels need not know float8 on every torch build
+            qf = q8.view(torch.uint8)[rows].view(q8.dtype).to(torch.float32).transpose(0, 1)  # [heads, n, 128]
+            s = ((qf @ kf.transpose(1, 2)) * s_q[rows].T[:, :, None]) * sk[:, None, :] * scale
+            p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+            del s
+            l = p.sum(dim=-1)
+            o = R.e4m3(256.0 * p).to(torch.float32) @ vf
+            del p
+            res[p_rows] = R.bf16(o * sv[:, None, :] / (256.0 * l[:, :, None])).transpose(0, 1)
+    return res
