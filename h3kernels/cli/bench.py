@@ -12,8 +12,27 @@ import csv
 import json
 import sys
 import time
+from pathlib import Path
 
 from h3kernels.cli.sizes import set_name
+
+RECORDED = "perf_h200.json"
+
+
+def recorded_figures(name=RECORDED):
+    """The figures recorded on an H200 (docs/perf_h200.json, in the format `bench --json` writes),
+    found from any working directory: in the repository the imported package sits in, else in
+    the current directory's docs/ or that of a directory above it."""
+    import h3kernels
+
+    here = Path.cwd().resolve()
+    places = [Path(h3kernels.__file__).resolve().parents[1], here, *here.parents]
+    for root in places:
+        path = root / "docs" / name
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"docs/{name} not found beside the h3kernels package ({places[0]}) nor in {here} or "
+                            f"above it: run from a checkout of the repository")
 
 
 def progress(i, n, what, t0):
