@@ -73,7 +73,7 @@ def cmd_info(args):
     except Exception as err:  # the CLI still reports the rest
         print(f"NVRTC: not loaded ({type(err).__name__}: {err})")
     if not gpu_available():
-        print(f"GPU: none found (torch.cuda.is_available() is False)")
+        print("GPU: none found (torch.cuda.is_available() is False)")
         write_json(args.json, doc)
         return OK
     import torch

@@ -8,7 +8,6 @@ are those of the build (the NVRTC that h3kernels compiles with), and nvdisasm mu
 same CUDA major release: one of another major reads them wrongly or not at all, so a mismatch is
 refused (exit 3) before anything compiles.
 """
-import argparse
 import collections
 import json
 import os
