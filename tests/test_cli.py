@@ -1,52 +1,153 @@
-"""The README's first command: `python -m h3kernels demo`."""
+"""`python -m h3kernels`: the command grammar, exit statuses and the --json results, run as a user
+runs them (a subprocess from the repository root). Exit statuses: 0 success, 1 a check failed,
+2 bad usage, 3 this machine lacks what the command needs (a CUDA GPU, a matching nvdisasm)."""
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HAS_GPU
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+GPU = torch.cuda.is_available()
+COMMANDS = ("info", "demo", "check", "bench", "compile_check")
+cpu_only = pytest.mark.skipif(GPU, reason="the CPU fallback of a GPU command")
 
 
-def cli(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "h3kernels", *args], capture_output=True, text=True, cwd=REPO,
+def cli(*args, module="h3kernels", timeout=900):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, cwd=REPO,
                           timeout=timeout)
 
 
-def test_demo_runs_and_says_what_it_did():
-    out = cli("demo", *(["--rows", "1000", "--segments", "300", "0", "1000"] if HAS_GPU else []))
+def run_json(tmp_path, *args, status=0):
+    """Runs a command with --json, checks its exit status, returns the JSON document."""
+    path = tmp_path / "result.json"
+    out = cli(*args, "--json", path)
+    assert out.returncode == status, out.stdout + out.stderr
+    return json.loads(path.read_text())
+
+
+def assert_usage_error(out):
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "error:" in out.stderr, out.stderr
+
+
+def test_no_command_prints_the_commands_and_exits_2():
+    out = cli()
+    assert_usage_error(out)
+    assert all(c in out.stderr for c in COMMANDS), out.stderr
+
+
+def test_help_lists_the_commands_and_the_exit_statuses():
+    out = cli("--help")
+    assert out.returncode == 0
+    assert all(c in out.stdout for c in COMMANDS)
+    table = dict(re.findall(r"^  ([0-3])  (\w+)", out.stdout, re.M))
+    assert sorted(table) == ["0", "1", "2", "3"], out.stdout
+
+
+@pytest.mark.parametrize("args", [["frobnicate"], ["demo", "--no-such-option"], ["demo", "--rows", "0"],
+                                  ["demo", "--segments", "4,a"], ["demo", "--segments", "0"],
+                                  ["demo", "--segments", "-3,4"], ["demo", "--segments", "4x0"],
+                                  ["bench", "--segments", "4096;4096"], ["bench", "--rows", "--segments"]],
+                         ids=lambda a: " ".join(a))
+def test_bad_usage_exits_2_in_one_line(args):
+    assert_usage_error(cli(*args))
+
+
+def test_compile_check_names_the_known_sources_for_an_unknown_one():
+    out = cli("compile_check", "nonexistent", "mlp_fp8.cu")
+    assert_usage_error(out)
+    assert "nonexistent" in out.stderr and "mlp_fp8" in out.stderr and "mma_ceiling" in out.stderr
+
+
+@pytest.mark.parametrize("name", ["mma_ceiling", "mma_ceiling.cu", "cuda_src/mma_ceiling.cu"])
+def test_compile_check_takes_a_stem_or_a_file_name_and_reports_nvrtc(tmp_path, name):
+    doc = run_json(tmp_path, "compile_check", name, "--arch", "sm_90")
+    assert doc["ok"] and not doc["failures"]
+    assert re.fullmatch(r"\d+\.\d+", doc["nvrtc"])
+    assert {k["source"] for k in doc["kernels"]} == {"mma_ceiling"} and {k["arch"] for k in doc["kernels"]} == {"sm_90"}
+    assert all(k["spill_st"] == k["spill_ld"] == 0 and k["regs"] > 0 for k in doc["kernels"])
+
+
+def test_compile_check_module_entry_point_is_the_subcommand():
+    out = cli("mma_ceiling", "--arch", "sm_90", module="h3kernels.cli.compile_check")
     assert out.returncode == 0, out.stdout + out.stderr
-    if HAS_GPU:
-        assert "0 of 5376000 a_q bytes and 0 of 1000 scales differ" in out.stdout
-        assert "attention (minimax_h3_varlen_attention_fp8), segments [300, 0, 1000], 56 heads" in out.stdout
-    else:
-        assert "No CUDA GPU found" in out.stdout
-        assert "attention reference" in out.stdout and "MLP reference" in out.stdout
+    assert "NVRTC" in out.stdout.splitlines()[0]
 
 
-def test_info_names_the_cache_and_the_device():
-    out = cli("info")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "compile cache:" in out.stdout
-    assert ("chosen: MLP form" in out.stdout) if HAS_GPU else ("GPU: none found" in out.stdout)
-
-
-def test_check_passes_on_this_device():
-    out = cli("check")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "FAIL" not in out.stdout and out.stdout.count("PASS") == (8 if HAS_GPU else 2)
-
-
-def test_bench_writes_a_table_and_json(tmp_path):
-    import json
-
-    path = tmp_path / "bench.json"
-    out = cli("bench", "--rows", "256", "--segments", "300,0,129", "1024,1024", "--json", str(path))
-    if not HAS_GPU:
-        assert out.returncode == 1 and "No CUDA GPU found" in out.stdout
+def test_compile_check_sass_exits_0_or_3_never_with_a_traceback(tmp_path):
+    """--sass reads the build's cubins with an nvdisasm of the same CUDA major, or refuses (3)."""
+    path = tmp_path / "sass.json"
+    out = cli("compile_check", "mma_ceiling", "--arch", "sm_90", "--sass", "--json", path)
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    if out.returncode == 3:
+        assert "nvdisasm" in out.stderr and not path.exists()
         return
+    doc = json.loads(path.read_text())
+    assert doc["nvdisasm"]["version"].split(".")[0] == doc["nvrtc"].split(".")[0]
+    assert all("mma" in k for k in doc["kernels"])
+
+
+def test_info(tmp_path):
+    doc = run_json(tmp_path, "info")
+    assert doc["cache_dir"] and doc["sources_dir"].endswith("cuda_src")
+    assert (doc["gpu"] is not None) == GPU
+    if GPU:
+        assert doc["gpu"]["arch"] in ("sm_120a", "sm_90", "sm_89")
+
+
+def test_check_passes_on_this_device(tmp_path):
+    doc = run_json(tmp_path, "check")
+    assert doc["mode"] == ("gpu" if GPU else "simulator")
+    assert doc["ok"] and len(doc["results"]) == (8 if GPU else 2) and all(r["ok"] for r in doc["results"])
+
+
+@cpu_only
+def test_demo_on_the_cpu_runs_the_reference_at_the_sizes_given(tmp_path):
+    doc = run_json(tmp_path, "demo", "--rows", "3", "--segments", "16,0,9", "40x2")
+    assert doc["device"] == "cpu" and doc["runs"] == "reference" and doc["ok"]
+    assert [r["rows"] for r in doc["mlp"]] == [3]
+    assert [r["segments"] for r in doc["attention"]] == [[16, 0, 9], [40, 40]]
+    assert len(doc["stages"]) == 1 + 1 + 2 and all(s["seconds"] >= 0 for s in doc["stages"])
+    assert all(r["cos"] > 0.99 for r in doc["mlp"]) and all(r["rel_l2"] < 0.1 for r in doc["attention"])
+
+
+@cpu_only
+@pytest.mark.parametrize("args", [["--rows", "100000"], ["--segments", "16384"], ["--segments", "4096x4"]],
+                         ids=lambda a: " ".join(a))
+def test_demo_on_the_cpu_refuses_sizes_too_large_for_it(tmp_path, args):
+    path = tmp_path / "demo.json"
+    out = cli("demo", *args, "--json", path)
+    assert_usage_error(out)
+    assert "too large for the CPU" in out.stderr and not path.exists()
+
+
+@cpu_only
+@pytest.mark.parametrize("args", [["bench"], ["demo", "--gpu"], ["check", "--gpu"]], ids=lambda a: " ".join(a))
+def test_commands_that_need_a_gpu_exit_3_without_one(args):
+    out = cli(*args)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "No CUDA GPU" in out.stderr
+
+
+@pytest.mark.gpu
+def test_demo_on_the_gpu_runs_the_sizes_given(tmp_path):
+    doc = run_json(tmp_path, "demo", "--gpu", "--rows", "1000", "--segments", "300,0,1000", "128x2")
+    assert doc["runs"] == "kernels" and doc["ok"]
+    assert [r["rows"] for r in doc["mlp"]] == [1000] and doc["mlp"][0]["row_stage_bitwise"]
+    assert [r["segments"] for r in doc["attention"]] == [[300, 0, 1000], [128, 128]]
+    assert all(r["ms"] > 0 for r in doc["mlp"] + doc["attention"])
+
+
+@pytest.mark.gpu
+def test_bench_writes_a_table_and_json(tmp_path):
+    path = tmp_path / "bench.json"
+    out = cli("bench", "--rows", "256", "--segments", "300,0,129", "1024x2", "--json", path)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = json.loads(path.read_text())["rows"]
     assert [r["case"] for r in rows] == ["M=256", "300+0+129, 56 heads", "2x1024, 56 heads"]
     assert all(r["ours_ms"] > 0 and r["peer_ms"] > 0 for r in rows)
-    assert "% ceil" in out.stdout and "3/4" in out.stderr

@@ -1,6 +1,48 @@
-"""python -m h3kernels {info,demo,check,bench}"""
+"""python -m h3kernels {info,demo,check,bench,compile_check}: the command line."""
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from h3kernels.cli.sizes import positive_rows, segment_set
+
+PROG = "python -m h3kernels"
+
+# Exit statuses, the same for every command (and examples/h3_block.py).
+OK = 0  # success
+FAILED = 1  # a check failed: a result outside its bound, a compile error, a spill
+USAGE = 2  # bad usage: unknown command, option or name, malformed sizes, sizes too large for the CPU
+MISSING = 3  # this machine lacks what the command needs: a CUDA GPU, or a matching nvdisasm
+
+EPILOG = f"""\
+segment sets (demo, bench):
+  a set is comma-separated segment lengths; NxK stands for K segments of N tokens;
+  sets are separated by spaces:  --segments 4096,4096,4096,4096 16384  (or 4096x4 16384)
+
+without a GPU:
+  demo runs the CPU reference at the given sizes (at most 256 rows and a sum of squared
+  segment lengths of 2 x 1024^2; larger sizes exit 2), check runs the Numba kernels in the
+  CUDA simulator; both exit 3 instead with --gpu. bench exits 3.
+
+exit status:
+  {OK}  success
+  {FAILED}  a check failed (a result outside its bound, a compile error, a spill)
+  {USAGE}  bad usage (unknown command, option or source name, malformed or too large sizes)
+  {MISSING}  this machine lacks what the command needs: no CUDA GPU (bench; demo and check with
+     --gpu; examples/h3_block.py), or for compile_check --sass no nvdisasm of the build's
+     CUDA release
+"""
+
+NO_GPU = "No CUDA GPU found (torch.cuda.is_available() is False)"
+GPU_NEED = "an sm_89, sm_90 or sm_120 GPU"
+
+
+class UsageError(ValueError):
+    """A command line that cannot run as given: one line on stderr, exit 2."""
+
+
+class MissingNeed(RuntimeError):
+    """This machine lacks what the command needs: one line on stderr, exit 3."""
 
 
 def gpu_available():
@@ -12,70 +54,146 @@ def gpu_available():
         return False
 
 
-def cmd_info(_args):
+def write_json(path, doc):
+    if path:
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def cmd_info(args):
     from h3kernels._runtime import compiler as jit
 
     d, n, size = jit.cache_usage()
-    print(f"h3kernels sources: {jit.source_dir()}")
+    doc = dict(command="info", sources_dir=str(jit.source_dir()), cache_dir=str(d), cached_cubins=n,
+               cache_bytes=size, nvrtc=None, gpu=None)
+    print(f"h3kernels sources: {doc['sources_dir']}")
     print(f"compile cache: {d} ({n} cubins, {size / 1e6:.1f} MB)")
+    try:
+        doc["nvrtc"] = ".".join(map(str, jit.nvrtc().version))
+        print(f"NVRTC: {doc['nvrtc']}")
+    except Exception as err:  # the CLI still reports the rest
+        print(f"NVRTC: not loaded ({type(err).__name__}: {err})")
     if not gpu_available():
         print("GPU: none found (torch.cuda.is_available() is False)")
-        return 0
+        write_json(args.json, doc)
+        return OK
     import torch
+
+    from h3kernels.mlp_fp8 import mma_form as mlp_form
+    from h3kernels.varlen_attention_fp8 import mma_form as attention_form
 
     i = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(i)
     arch = jit.arch_for(cc)
-    print(f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {cc[0]}.{cc[1]} -> {arch}")
+    doc["gpu"] = dict(index=i, name=torch.cuda.get_device_name(i), compute_capability=list(cc), arch=arch,
+                      mma_forms=list(jit.MMA_FORMS[arch]), mlp_form=mlp_form(i), attention_form=attention_form(i))
+    print(f"GPU {i}: {doc['gpu']['name']}, compute capability {cc[0]}.{cc[1]} -> {arch}")
     print(f"mma forms compiled for it: {jit.MMA_FORMS[arch]} (0 legacy, 1 kind::f8f6f4, 2 kind::mxf8f6f4)")
-    from h3kernels.mlp_fp8 import mma_form as mlp_form
-    from h3kernels.varlen_attention_fp8 import mma_form as attention_form
+    print(f"chosen: MLP form {doc['gpu']['mlp_form']} (fp8_mma_form=-1), attention form {doc['gpu']['attention_form']}")
+    write_json(args.json, doc)
+    return OK
 
-    print(f"chosen: MLP form {mlp_form(i)} (fp8_mma_form=-1), attention form {attention_form(i)}")
-    return 0
+
+def require_gpu_or_fall_back(args, what):
+    gpu = gpu_available()
+    if not gpu and args.gpu:
+        raise MissingNeed(f"{NO_GPU}: {what} --gpu needs {GPU_NEED}.")
+    return gpu
 
 
 def cmd_demo(args):
     from h3kernels.cli import demo
 
-    return demo.run_gpu(args) if gpu_available() else demo.run_cpu(args)
+    if require_gpu_or_fall_back(args, "demo"):
+        return demo.run_gpu(args)
+    return demo.run_cpu(args)
 
 
-def cmd_check(_args):
+def cmd_check(args):
     from h3kernels.cli import check
 
-    return check.run(gpu_available())
+    return check.run(require_gpu_or_fall_back(args, "check"), args.json)
 
 
 def cmd_bench(args):
+    if not args.rows and not args.segments:
+        raise UsageError("nothing to time: give --rows and/or --segments")
     if not gpu_available():
-        print("No CUDA GPU found: bench times the kernels, which need an sm_89, sm_90 or sm_120 GPU.")
-        return 1
+        raise MissingNeed(f"{NO_GPU}: bench times the kernels, which need {GPU_NEED}.")
     from h3kernels.cli import bench
 
     return bench.run(args)
 
 
+def cmd_compile_check(args):
+    from h3kernels.cli import compile_check
+
+    return compile_check.run(args)
+
+
+def parser():
+    from h3kernels.cli import compile_check
+
+    p = argparse.ArgumentParser(prog=PROG, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="h3kernels: FP8 CUDA kernels for the MiniMax-H3 DiT.")
+    sub = p.add_subparsers(dest="cmd", title="commands", metavar="command")
+
+    def command(name, fn, help):
+        c = sub.add_parser(name, help=help, description=help, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c.set_defaults(fn=fn)
+        return c
+
+    def json_option(c):
+        c.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+
+    def gpu_option(c):
+        c.add_argument("--gpu", action="store_true", help="need a GPU: exit 3 without one instead of running on the CPU")
+
+    json_option(command("info", cmd_info, "device, arch, mma forms, NVRTC, compile cache"))
+    d = command("demo", cmd_demo, "run both operators against the reference and time them (CPU: the reference "
+                                  "alone, at the given sizes, stage by stage)")
+    d.add_argument("--rows", type=positive_rows, nargs="+", metavar="M",
+                   help="MLP rows (default: 16384 on a GPU, 8 on the CPU)")
+    d.add_argument("--segments", type=segment_set, nargs="+", metavar="SET",
+                   help="attention segment sets, 56 heads (default: 4096x4 on a GPU, 200,0,256 on the CPU)")
+    gpu_option(d)
+    json_option(d)
+    c = command("check", cmd_check, "numeric acceptance of both operators on this device (exit 0: all pass; "
+                                    "CPU: the Numba kernels in the CUDA simulator)")
+    gpu_option(c)
+    json_option(c)
+    b = command("bench", cmd_bench, "time both operators beside torch bf16 and the e4m3 mma.sync ceiling (GPU)")
+    b.add_argument("--rows", type=positive_rows, nargs="*", default=[16384], metavar="M",
+                   help="MLP rows (default 16384; none: no MLP)")
+    b.add_argument("--segments", type=segment_set, nargs="*", default=[[4096] * 4, [16384]], metavar="SET",
+                   help="attention segment sets, 56 heads (default: 4096x4 16384; none: no attention)")
+    json_option(b)
+    b.add_argument("--csv", metavar="PATH", help="also write the rows as CSV here")
+    cc = command("compile_check", cmd_compile_check,
+                 "compile every CUDA source for sm_120a and sm_90 without a GPU: registers, shared memory, spills")
+    compile_check.add_arguments(cc)
+    return p
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m h3kernels")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="device, arch, mma forms, compile cache").set_defaults(fn=cmd_info)
-    d = sub.add_parser("demo", help="run the operators at MiniMax-H3 sizes against the reference")
-    d.add_argument("--rows", type=int, default=16384, help="MLP rows M on the GPU (default 16384)")
-    d.add_argument("--segments", type=int, nargs="+", default=[4096, 4096, 4096, 4096],
-                   help="attention segment lengths on the GPU (default 4 x 4096)")
-    d.set_defaults(fn=cmd_demo)
-    sub.add_parser("check", help="numeric acceptance of both operators on this device (exit 0: all pass)"
-                   ).set_defaults(fn=cmd_check)
-    b = sub.add_parser("bench", help="time both operators beside torch bf16 and the e4m3 mma.sync ceiling")
-    b.add_argument("--rows", type=int, nargs="*", default=[16384], help="MLP rows M (default 16384)")
-    b.add_argument("--segments", nargs="*", default=["4096,4096,4096,4096", "16384"],
-                   help="attention segment lists, comma-separated lengths (default 4x4096 and 1x16384)")
-    b.add_argument("--json", help="also write the rows as JSON here")
-    b.add_argument("--csv", help="also write the rows as CSV here")
-    b.set_defaults(fn=cmd_bench)
-    a = p.parse_args(argv)
-    return a.fn(a)
+    """Runs one command; returns its exit status (see EPILOG)."""
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as stop:  # argparse: --help (0) or bad usage (2), already printed
+        return stop.code if isinstance(stop.code, int) else USAGE
+    if args.cmd is None:
+        p.print_help(sys.stderr)
+        print(f"\n{PROG}: error: no command given; choose one of the commands above", file=sys.stderr)
+        return USAGE
+    try:
+        return args.fn(args)
+    except UsageError as err:
+        print(f"{PROG} {args.cmd}: error: {err}", file=sys.stderr)
+        return USAGE
+    except MissingNeed as err:
+        print(f"{PROG} {args.cmd}: {err}", file=sys.stderr)
+        return MISSING
 
 
 if __name__ == "__main__":

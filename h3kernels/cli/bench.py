@@ -12,6 +12,27 @@ import csv
 import json
 import sys
 import time
+from pathlib import Path
+
+from h3kernels.cli.sizes import set_name
+
+RECORDED = "perf_h200.json"
+
+
+def recorded_figures(name=RECORDED):
+    """The figures recorded on an H200 (docs/perf_h200.json, in the format `bench --json` writes),
+    found from any working directory: in the repository the imported package sits in, else in
+    the current directory's docs/ or that of a directory above it."""
+    import h3kernels
+
+    here = Path.cwd().resolve()
+    places = [Path(h3kernels.__file__).resolve().parents[1], here, *here.parents]
+    for root in places:
+        path = root / "docs" / name
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"docs/{name} not found beside the h3kernels package ({places[0]}) nor in {here} or "
+                            f"above it: run from a checkout of the repository")
 
 
 def progress(i, n, what, t0):
@@ -54,8 +75,8 @@ def attention_case(seqlens, heads=56):
     ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
                                                                                 cu_seqlens_host=cu))
     peer = median_ms_batched(lambda: sdpa_bf16(q, k, v, cu))
-    name = "+".join(str(n) for n in seqlens) if len(set(seqlens)) > 1 else f"{len(seqlens)}x{seqlens[0]}"
-    return dict(op="attention", case=f"{name}, {heads} heads", flops=attention_flops(seqlens, heads), ours_ms=ours,
+    return dict(op="attention", case=f"{set_name(seqlens)}, {heads} heads", flops=attention_flops(seqlens, heads),
+                ours_ms=ours,
                 peer="torch SDPA bf16", peer_ms=peer)
 
 
@@ -66,9 +87,6 @@ def run(args):
     from h3kernels.mlp_fp8 import mma_form as mlp_form
     from h3kernels.varlen_attention_fp8 import mma_form as attention_form
 
-    if not args.rows and not args.segments:
-        print("nothing to time: give --rows and/or --segments")
-        return 1
     dev = torch.cuda.current_device()
     # each row's % of ceiling is against the mma form its own operator runs (they differ on sm_120a)
     forms = {}
@@ -77,7 +95,7 @@ def run(args):
     if args.segments:
         forms["attention"] = attention_form(dev)
     jobs = [(f"mlp M={m}", lambda m=m: mlp_case(m)) for m in args.rows]
-    jobs += [(f"attention {s}", lambda s=s: attention_case([int(n) for n in s.split(",")])) for s in args.segments]
+    jobs += [(f"attention {set_name(s)}", lambda s=s: attention_case(s)) for s in args.segments]
     steps = len(jobs) + 1  # the ceiling is step 0
     t0 = time.time()
     progress(0, steps, "e4m3 mma.sync ceiling", t0)

@@ -5,7 +5,7 @@ for 99.9% of elements, y_q bitwise from y) and the attention on ragged and H3-si
 (within varlen_attention_fp8.reference_bound of the reference, and no further from torch's bf16
 attention than 1.1x the reference's own). Without a GPU: the Numba row kernel and the
 attention's quantization passes in the CUDA simulator, bitwise against the reference. Every
-output is poisoned first. Exit status 0 when everything passes.
+output is poisoned first. Exit status 0 when everything passes, 1 when a check fails.
 """
 import os
 
@@ -47,7 +47,9 @@ def run_simulator():
              f"{differ(attn_bad)}", not attn_bad)]
 
 
-def run(gpu):
+def run(gpu, json_path=None):
+    from h3kernels.cli import FAILED, OK, write_json
+
     if gpu:
         results = run_gpu()
     else:
@@ -57,4 +59,7 @@ def run(gpu):
     print("\nacceptance:")
     for name, ok in results:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    return 0 if all(ok for _, ok in results) else 1
+    ok = all(ok for _, ok in results)
+    write_json(json_path, dict(command="check", mode="gpu" if gpu else "simulator", ok=ok,
+                               results=[dict(name=name, ok=bool(passed)) for name, passed in results]))
+    return OK if ok else FAILED

@@ -1,13 +1,16 @@
-"""python -m h3kernels.compile_check: compile every cuda_src/*.cu for sm_120a and sm_90, no GPU needed.
+"""`python -m h3kernels compile_check [names...] [--arch A] [--sass] [--json PATH]`: compile every
+cuda_src/*.cu (or the named ones) for sm_120a and sm_90, no GPU needed.
 
-Prints registers, static shared memory and spill bytes per kernel and mma form. Exits non-zero
-on a compile error, on any spill, or on more static shared memory than an SM120 block may use.
-With --sass it compiles through cuda-python's NVRTC 13 (nvidia-cuda-nvrtc) and counts the
-matrix instructions in each cubin with the nvidia-cuda-nvdisasm wheel's nvdisasm, which does
-not read the cubins of NVRTC 12.
+Prints the NVRTC version, then registers, static shared memory and spill bytes per kernel and
+mma form. Exit 1 on a compile error, on any spill, or on more static shared memory than an SM120
+block may use. --sass also counts the matrix instructions in each cubin with nvdisasm. The cubins
+are those of the build (the NVRTC that h3kernels compiles with), and nvdisasm must come from the
+same CUDA major release: one of another major reads them wrongly or not at all, so a mismatch is
+refused (exit 3) before anything compiles.
 """
-import argparse
 import collections
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,11 +20,15 @@ from pathlib import Path
 
 from h3kernels._launch.sources import defines_for, dynamic_smem
 from h3kernels._runtime import compiler as jit
+from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA)[A-Z0-9._]*)")
+
 
 
 def parse_ptxas(log):
@@ -43,29 +50,80 @@ def parse_ptxas(log):
     return out
 
 
-def nvdisasm_path():
+def source_names(names):
+    """Command-line names -> stems of cuda_src/*.cu: `mlp_fp8`, `mlp_fp8.cu` and
+    `cuda_src/mlp_fp8.cu` all name one source. Unknown names raise UsageError listing the known."""
+    known = jit.sources()
+    if not names:
+        return known
+    stems = [Path(n).name[:-3] if Path(n).name.endswith(".cu") else Path(n).name for n in names]
+    unknown = [n for n, s in zip(names, stems) if s not in known]
+    if unknown:
+        raise UsageError(f"unknown CUDA source{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(known)} (in {jit.source_dir()})")
+    return list(dict.fromkeys(stems))
+
+
+def nvrtc_version():
+    return tuple(jit.nvrtc().version)
+
+
+def _nvdisasm_candidates():
+    """Every nvdisasm this machine has: PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin, NVIDIA's wheels."""
+    seen = []
     found = shutil.which("nvdisasm")
     if found:
-        return found
+        seen.append(found)
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            seen.append(str(Path(os.environ[var]) / "bin" / "nvdisasm"))
+    seen += sorted(str(p) for p in Path("/usr/local").glob("cuda*/bin/nvdisasm"))
     try:
         import nvidia
 
         for root in nvidia.__path__:
-            for cand in Path(root).glob("*/bin/nvdisasm"):
-                return str(cand)
+            seen += sorted(str(p) for p in Path(root).glob("*/bin/nvdisasm"))
     except ImportError:
         pass
-    return None
+    return [p for p in dict.fromkeys(seen) if os.path.isfile(p) and os.access(p, os.X_OK)]
 
 
-_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA)[A-Z0-9._]*)")
+def nvdisasm_version(path):
+    """(major, minor) from `nvdisasm --version`, or None where it says no release."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _RELEASE.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def mma_instructions(cubin):
-    """Counter of matrix instructions in a cubin, via nvdisasm."""
-    tool = nvdisasm_path()
-    if tool is None:
-        raise FileNotFoundError("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+def nvdisasm_for(nvrtc_major):
+    """(path, version) of an nvdisasm of the same CUDA major release as the NVRTC; MissingNeed
+    saying what was found otherwise."""
+    found = [(p, nvdisasm_version(p)) for p in _nvdisasm_candidates()]
+    for path, version in found:
+        if version and version[0] == nvrtc_major:
+            return path, version
+    seen = "; ".join(f"{p} (CUDA {'.'.join(map(str, v)) if v else 'version unknown'})" for p, v in found)
+    hint = (f"pip install 'nvidia-cuda-nvdisasm=={nvrtc_major}.*' provides one" if nvrtc_major >= 13 else
+            f"the nvidia-cuda-nvdisasm wheels are CUDA 13 and later: use a CUDA {nvrtc_major} toolkit's nvdisasm "
+            f"(on PATH or in $CUDA_HOME/bin)")
+    raise MissingNeed(f"--sass needs an nvdisasm of CUDA {nvrtc_major}, the release of the NVRTC that builds the "
+                      f"kernels; found {seen or 'none'}. {hint}")
+
+
+def nvdisasm_path():
+    """An nvdisasm for the build's NVRTC, else any found, else None (bench/row_sass.py)."""
+    try:
+        return nvdisasm_for(nvrtc_version()[0])[0]
+    except MissingNeed:
+        found = _nvdisasm_candidates()
+        return found[0] if found else None
+
+
+def mma_instructions(cubin, tool):
+    """Counter of matrix instructions in a cubin, read by the nvdisasm at `tool`."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -74,13 +132,22 @@ def mma_instructions(cubin):
 
 
 def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
+    """Compiles and reports; returns a dict (the --json document) whose "ok" is the verdict.
+    Raises UsageError for an unknown name, MissingNeed when --sass has no matching nvdisasm."""
     out = out or sys.stdout
-    failures = []
-    backend = "cuda-python" if sass else None
-    print(f"NVRTC {'.'.join(map(str, jit.nvrtc(backend).version))}, sources in {jit.source_dir()}", file=out)
+    names = source_names(names)
+    version = nvrtc_version()
+    tool = nvdisasm_for(version[0]) if sass else None
+    report = dict(command="compile_check", nvrtc=".".join(map(str, version)), sources_dir=str(jit.source_dir()),
+                  archs=list(archs), nvdisasm=None, kernels=[], failures=[])
+    print(f"NVRTC {report['nvrtc']} (the build's), sources in {report['sources_dir']}", file=out)
+    if tool:
+        report["nvdisasm"] = dict(path=tool[0], version=".".join(map(str, tool[1])))
+        print(f"nvdisasm {report['nvdisasm']['version']}: {tool[0]}", file=out)
     print(f"{'source':<24}{'arch':<9}{'form':>5}  {'kernel':<28}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
           file=out)
-    for name in names or jit.sources():
+    failures = report["failures"]
+    for name in names:
         # A source without an mma builds the same program for every form; NVRTC 13 then returns
         # no ptxas report for the repeats (seen on the H200), so it is checked once.
         uses_mma = "mma_e4m3_16832(" in jit.read_with_includes(name)[0]
@@ -88,7 +155,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
             for form in jit.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
                     cubin, log, _ = jit.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
-                                                      use_cache=False, backend=backend)
+                                                      use_cache=False)
                 except jit.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
                     print(err, file=out)
@@ -96,8 +163,16 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                 parsed = parse_ptxas(log)
                 if not parsed:
                     failures.append(f"{name} {arch} form {form}: no kernel found in the ptxas report")
+                counts = None
+                if sass:
+                    try:
+                        counts = dict(sorted(mma_instructions(cubin, tool[0]).items()))
+                    except (OSError, subprocess.CalledProcessError) as err:
+                        failures.append(f"{name} {arch} form {form}: nvdisasm failed: {str(err).splitlines()[0]}")
                 for kernel, r in sorted(parsed.items()):
                     spill = r["spill_st"] + r["spill_ld"]
+                    report["kernels"].append(dict(source=name, arch=arch, form=form, kernel=kernel, **r,
+                                                  **({"mma": counts} if sass else {})))
                     print(f"{name:<24}{arch:<9}{form:>5}  {kernel:<28}{r['regs']:>5}{r['smem']:>8}"
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
@@ -105,26 +180,38 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     smem = r["smem"] + dynamic_smem(name).get(kernel, 0)
                     if smem > SM120_SMEM_LIMIT:
                         failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
-                if sass:
-                    try:
-                        counts = mma_instructions(cubin)
-                        print(f"{'':<24}{'':<9}{'':>5}  mma: " + (", ".join(f"{k} x{v}" for k, v in
-                              sorted(counts.items())) or "none"), file=out)
-                    except (OSError, subprocess.CalledProcessError) as err:
-                        print(f"{'':<40}SASS not read: {str(err).splitlines()[0]}", file=out)
+                if counts is not None:
+                    print(f"{'':<40}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
     for f in failures:
         print("FAIL", f, file=out)
-    print("compile_check:", "FAILED" if failures else "ok", file=out)
-    return not failures
+    print(f"compile_check: {'FAILED' if failures else 'ok'} (NVRTC {report['nvrtc']})", file=out)
+    report["ok"] = not failures
+    return report
+
+
+def add_arguments(p):
+    p.add_argument("names", nargs="*", metavar="name",
+                   help="CUDA sources to compile, as mlp_fp8 or mlp_fp8.cu (default: every cuda_src/*.cu)")
+    p.add_argument("--arch", action="append", choices=sorted(jit.MMA_FORMS), help="default: sm_120a and sm_90")
+    p.add_argument("--sass", action="store_true",
+                   help="count matrix instructions with an nvdisasm of the build's CUDA major release")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
+
+
+def run(args):
+    """The subcommand on parsed arguments; UsageError (exit 2) and MissingNeed (exit 3) propagate
+    to h3kernels.cli.main, which reports them in one line."""
+    report = check(tuple(args.arch or ("sm_120a", "sm_90")), args.names, sass=args.sass)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return OK if report["ok"] else FAILED
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m h3kernels.compile_check", description=__doc__.splitlines()[0])
-    p.add_argument("--arch", action="append", choices=sorted(jit.MMA_FORMS), help="default: sm_120a and sm_90")
-    p.add_argument("--sass", action="store_true", help="count matrix instructions with nvdisasm")
-    p.add_argument("sources", nargs="*", help="stems of cuda_src/*.cu (default: all)")
-    a = p.parse_args(argv)
-    return 0 if check(tuple(a.arch or ("sm_120a", "sm_90")), a.sources or None, sass=a.sass) else 1
+    """`python -m h3kernels.cli.compile_check`, the same as `python -m h3kernels compile_check`."""
+    from h3kernels.cli import main as cli_main
+
+    return cli_main(["compile_check", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

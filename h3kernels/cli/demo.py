@@ -1,4 +1,6 @@
-"""`python -m h3kernels demo`: what exists, run at MiniMax-H3 sizes and checked against the reference."""
+"""`python -m h3kernels demo`: both operators run at MiniMax-H3 sizes, checked against the
+reference and timed. Without a GPU: the reference itself at the sizes asked for (within
+h3kernels.cli.sizes' CPU limits), against unquantized arithmetic, a line per stage."""
 import time
 
 from h3kernels.testing.checks import bf16_ulps, cos, rel_l2
@@ -7,54 +9,112 @@ from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.constants import HIDDEN
 
 
+class Stages:
+    """Progress of a long run: a numbered line per stage, its time printed when it ends (the CPU
+    reference takes seconds per stage), each kept in the report."""
+
+    def __init__(self, total, report):
+        self.i, self.total, self.report = 0, total, report
+
+    def __call__(self, name):
+        import contextlib
+
+        @contextlib.contextmanager
+        def stage():
+            self.i += 1
+            print(f"[{self.i}/{self.total}] {name} ...", end="", flush=True)
+            t0 = time.time()
+            yield
+            dt = time.time() - t0
+            print(f" {dt:.1f} s", flush=True)
+            self.report["stages"].append(dict(name=name, seconds=round(dt, 3)))
+        return stage()
+
+
+CPU_ROWS, CPU_SEGMENTS, ADALN_ROWS = [8], [[200, 0, 256]], 3
+GPU_ROWS, GPU_SEGMENTS, HEADS = [16384], [[4096] * 4], 56
+
+
 def run_cpu(args):
+    """The reference (the CPU oracle) at --rows and --segments, against unquantized arithmetic."""
+    import torch
+
     from h3kernels import reference as R
+    from h3kernels.cli import FAILED, OK, UsageError, write_json
+    from h3kernels.cli.sizes import cpu_size_problem, set_name
 
+    rows, sets = args.rows or CPU_ROWS, args.segments or CPU_SEGMENTS
+    problem = cpu_size_problem(rows, sets)
+    if problem:
+        raise UsageError(f"{problem}. Without a GPU, demo runs the CPU reference; give smaller sizes.")
+    report = dict(command="demo", device="cpu", runs="reference", heads=HEADS, mlp=[], attention=[], stages=[])
     print("No CUDA GPU found: the FP8 kernels need an sm_89, sm_90 or sm_120 GPU.")
-    print("Running h3kernels.reference (the CPU oracle) on a small case instead.\n")
-    t0 = time.time()
-    m, rows = 4, 3
-    x, w, sc, sh, idx = make_row_inputs(m, rows)
-    gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, rows, device="cpu")
-    out = R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
-    exact = R.mlp_exact_bf16(x, w, sc, sh, idx, gate, w1, w2)
-    delta = out.float() - residual.float()
-    ok = R.index_guard(idx, rows)[1]
-    print(f"MLP reference, M={m}: out - residual vs unquantized FP32: "
-          f"cos {cos(delta[ok], exact[ok]):.5f}, rel L2 {rel_l2(delta[ok], exact[ok]):.4f} "
-          f"({time.time() - t0:.1f} s)")
-
-    t0 = time.time()
-    seqlens, heads = [200, 0, 256], 4
-    q, k, v, cu, _ = make_attention_inputs(seqlens, heads, device="cpu", seed=1)
-    o = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
-    e = R.attention_exact(q, k, v, cu)
-    print(f"attention reference, segments {seqlens}, {heads} heads: "
-          f"rel L2 vs float64 softmax {rel_l2(o, e):.4f} ({time.time() - t0:.1f} s)")
-    return 0
+    print(f"Running h3kernels.reference (the CPU oracle) instead: MLP rows {' '.join(map(str, rows))}, "
+          f"attention segments {' '.join(','.join(map(str, s)) for s in sets)}, {HEADS} heads.\n")
+    stage = Stages(1 + len(rows) + len(sets), report)
+    finite = lambda t: bool(torch.isfinite(t.float()).all())
+    with stage("MLP weights: random bf16 w1, w2 and their e4m3 forms"):
+        gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(max(rows), ADALN_ROWS, device="cpu")
+    for m in rows:
+        with stage(f"MLP reference, M={m}, and unquantized FP32"):
+            x, w, sc, sh, idx = make_row_inputs(m, ADALN_ROWS)
+            out = R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual[:m], q1, s1, q2, s2)
+            exact = R.mlp_exact_bf16(x, w, sc, sh, idx, gate, w1, w2)
+        ok_rows = R.index_guard(idx, ADALN_ROWS)[1]
+        delta = out.float() - residual[:m].float()
+        r = dict(rows=m, cos=cos(delta[ok_rows], exact[ok_rows]), rel_l2=rel_l2(delta[ok_rows], exact[ok_rows]),
+                 ok=finite(out))
+        report["mlp"].append(r)
+        print(f"      out - residual vs unquantized FP32: cos {r['cos']:.5f}, rel L2 {r['rel_l2']:.4f}")
+    for seqlens in sets:
+        with stage(f"attention reference, segments {set_name(seqlens)}, {HEADS} heads, and float64 softmax"):
+            q, k, v, cu, _ = make_attention_inputs(seqlens, HEADS, device="cpu", seed=1)
+            o = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
+            e = R.attention_exact(q, k, v, cu)
+        r = dict(segments=list(seqlens), heads=HEADS, rel_l2=rel_l2(o, e), ok=finite(o))
+        report["attention"].append(r)
+        print(f"      rel L2 vs float64 softmax {r['rel_l2']:.4f} (e4m3 rounding sets it)")
+    report["ok"] = all(r["ok"] for r in report["mlp"] + report["attention"])
+    write_json(args.json, report)
+    return OK if report["ok"] else FAILED
 
 
 def run_gpu(args):
     import torch
 
     from h3kernels._runtime import compiler as jit
+    from h3kernels.cli import FAILED, OK, write_json
     from h3kernels.peers import mma_ceiling
 
     dev = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(dev)
     arch = jit.arch_for(cc)
-    print(f"GPU: {torch.cuda.get_device_name(dev)} (compute capability {cc[0]}.{cc[1]} -> {arch})\n")
-
-    x, w, sc, sh, idx = make_row_inputs(args.rows, device="cuda")
-    row_ok, a_q, a_s, row_ref = check_row_stage(x, w, sc, sh, idx)
-    time_row_stage(x, w, sc, sh, idx, a_q, a_s)
-    mlp_ok, mlp_call = check_mlp(x, w, sc, sh, idx, row_ref)
-    time_mlp(*mlp_call)
-    attn_ok, attn_call = check_attention(args.segments)
-    time_attention(*attn_call)
+    name = torch.cuda.get_device_name(dev)
+    print(f"GPU: {name} (compute capability {cc[0]}.{cc[1]} -> {arch})\n")
+    report = dict(command="demo", device=name, arch=arch, runs="kernels", heads=HEADS, mlp=[], attention=[],
+                  ceilings_tflops={})
+    for m in args.rows or GPU_ROWS:
+        x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
+        row_ok, a_q, a_s, row_ref = check_row_stage(x, w, sc, sh, idx)
+        time_row_stage(x, w, sc, sh, idx, a_q, a_s)
+        mlp_ok, mlp_call = check_mlp(x, w, sc, sh, idx, row_ref)
+        report["mlp"].append(dict(rows=m, row_stage_bitwise=row_ok, ok=row_ok and mlp_ok,
+                                  ms=time_mlp(*mlp_call)))
+        del x, a_q, a_s, row_ref, mlp_call
+        torch.cuda.empty_cache()
+    for seqlens in args.segments or GPU_SEGMENTS:
+        attn_ok, attn_call = check_attention(seqlens)
+        report["attention"].append(dict(segments=list(seqlens), heads=HEADS, ok=attn_ok,
+                                        ms=time_attention(*attn_call)))
+        del attn_call
+        torch.cuda.empty_cache()
     for form in mma_ceiling.supported_forms(dev):
-        print(f"e4m3 mma.sync ceiling, form {form}: {mma_ceiling.measure_tflops(dev, form):.0f} TFLOP/s")
-    return 0 if row_ok and mlp_ok and attn_ok else 1
+        t = mma_ceiling.measure_tflops(dev, form)
+        report["ceilings_tflops"][str(form)] = t
+        print(f"e4m3 mma.sync ceiling, form {form}: {t:.0f} TFLOP/s")
+    report["ok"] = all(r["ok"] for r in report["mlp"] + report["attention"])
+    write_json(args.json, report)
+    return OK if report["ok"] else FAILED
 
 
 # --- checks against the reference (also `python -m h3kernels check`) and timings beside torch ---
@@ -145,6 +205,7 @@ def time_mlp(args, ws, w1, w2):
     theirs = median_ms(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
     print(f"  h3kernels {ours:.3f} ms = {mlp_flops(x.shape[0]) / ours / 1e9:.0f} TFLOP/s; "
           f"torch eager bf16 {theirs:.3f} ms\n")
+    return ours
 
 
 def check_attention(seqlens, heads=56):
@@ -185,3 +246,4 @@ def time_attention(q, k, v, cu, cu_host):
     theirs = median_ms(lambda: sdpa_bf16(q, k, v, cu_host), reps=10)
     flops = attention_flops([b - a for a, b in zip(cu_host, cu_host[1:])], q.shape[1])
     print(f"  h3kernels {ours:.3f} ms = {flops / ours / 1e9:.0f} TFLOP/s; torch bf16 SDPA {theirs:.3f} ms\n")
+    return ours
