@@ -1,28 +1,146 @@
-"""An installed (non-editable) h3kernels finds its CUDA sources inside the package."""
+"""Packaging: setup.cfg names every subpackage and every kernel source, and a non-editable install
+built from the repository's files (as a clean clone has them) finds its CUDA sources."""
+import configparser
+import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SOURCES_PACKAGE = "h3kernels.cuda_src"
 
 
-def test_installed_package_finds_its_sources(tmp_path):
-    probe = ("import json, h3kernels, h3kernels._runtime.compiler as j; "
-             "print(json.dumps([h3kernels.__file__, str(j.source_dir()), j.sources()]))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
-    if out.returncode and "No module named 'h3kernels'" in out.stderr:
-        pytest.skip("h3kernels is not installed in this interpreter (running from a checkout)")
+def _options():
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return cfg
+
+
+def _listed(value):
+    return [line.strip() for line in value.splitlines() if line.strip()]
+
+
+def _source_patterns():
+    return [p.strip() for p in _options()["options.package_data"][SOURCES_PACKAGE].split(",")]
+
+
+def _python_packages():
+    """Every directory of h3kernels/ that holds Python modules, as a dotted name."""
+    found = set()
+    for module in (REPO / "h3kernels").rglob("*.py"):
+        rel = module.parent.relative_to(REPO)
+        if "__pycache__" not in rel.parts:
+            found.add(".".join(rel.parts))
+    return found
+
+
+def test_packages_lists_every_subpackage():
+    listed = set(_listed(_options()["options"]["packages"]))
+    on_disk = _python_packages()
+    assert on_disk - listed == set(), "subpackages missing from setup.cfg's packages ="
+    assert listed - on_disk - {SOURCES_PACKAGE} == set(), "setup.cfg lists packages that do not exist"
+    for name in on_disk:
+        assert (REPO / name.replace(".", "/") / "__init__.py").is_file(), f"{name} has no __init__.py"
+
+
+def test_package_data_covers_every_kernel_source():
+    package_dir = dict((part.strip() for part in line.split("="))
+                       for line in _listed(_options()["options"]["package_dir"]))
+    source_dir = REPO / package_dir[SOURCES_PACKAGE]
+    patterns = _source_patterns()
+    files = [p.name for p in source_dir.iterdir() if p.is_file()]
+    assert any(name.endswith(".cu") for name in files)
+    unshipped = [name for name in files if not any(fnmatch(name, pat) for pat in patterns)]
+    assert unshipped == [], f"cuda_src files that package_data leaves out of the wheel: {unshipped}"
+    # Data files elsewhere in the package would need their own package_data entry.
+    stray = [str(p.relative_to(REPO)) for p in (REPO / "h3kernels").rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert stray == [], f"non-Python files in h3kernels/ that no package_data entry ships: {stray}"
+
+
+def _repository_files():
+    """The files a clean clone has: tracked plus untracked-but-not-ignored (None without git)."""
+    if shutil.which("git") is None:
+        return None
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                          "--exclude-standard"], capture_output=True, text=True)
+    if out.returncode:
+        return None
+    return [name for name in out.stdout.split("\0") if name and (REPO / name).is_file()]
+
+
+def _can_build_without_network():
+    """setuptools builds the wheel from this interpreter: no download of build requirements."""
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    import setuptools
+    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
+    # setuptools 70.1 carries bdist_wheel; older ones need the wheel package.
+    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """h3kernels built as a wheel from a copy of the repository's files and installed with
+    --target into an empty directory: what pip install . gives, without touching the checkout."""
+    files = _repository_files()
+    if files is None:
+        pytest.skip("needs git to list the repository's files")
+    if not _can_build_without_network():
+        pytest.skip("needs setuptools >= 70.1 (or setuptools with wheel) to build offline")
+    base = tmp_path_factory.mktemp("packaging")
+    clone = base / "clone"
+    for name in files:
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
+    pip = [sys.executable, "-m", "pip"]
+    quiet = dict(capture_output=True, text=True, env={**os.environ, "PIP_NO_INDEX": "1"})
+    out = subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(base / "dist"),
+                                str(clone)], **quiet)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wheel, = (base / "dist").glob("h3kernels-*.whl")
+    site = base / "site"
+    out = subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], **quiet)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return wheel, site
+
+
+def test_wheel_holds_every_module_and_kernel_source(installed_wheel):
+    wheel, _ = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(REPO)) for p in (REPO / "h3kernels").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert modules - names == set(), "modules missing from the wheel"
+    patterns = _source_patterns()
+    sources = {f"h3kernels/cuda_src/{p.name}" for p in (REPO / "cuda_src").iterdir()
+               if any(fnmatch(p.name, pat) for pat in patterns)}
+    assert sources - names == set(), "kernel sources missing from the wheel"
+
+
+def test_installed_package_finds_its_sources(installed_wheel, tmp_path):
+    _, site = installed_wheel
+    probe = ("import json, h3kernels, h3kernels._runtime.compiler as c; "
+             "print(json.dumps([h3kernels.__file__, str(c.source_dir()), c.sources()]))")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    # Run away from the checkout, so that only the installed copy can be imported.
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr
     init, src, names = json.loads(out.stdout)
     pkg = Path(init).parent
-    if REPO in pkg.parents or pkg.parent == REPO:
-        pytest.skip("h3kernels is imported from the checkout (editable install)")
+    assert pkg == site / "h3kernels"
     assert Path(src) == pkg / "cuda_src"
-    assert set(names) >= {"mma_ceiling"}
-    assert (pkg / "cuda_src" / "fp8_common.cuh").is_file()
+    stems = {p.stem for p in (REPO / "cuda_src").glob("*.cu")}
+    assert set(names) == stems
+    for header in (REPO / "cuda_src").glob("*.cuh"):
+        assert (pkg / "cuda_src" / header.name).is_file()
 
 
 def test_cli_info_runs():
