@@ -2,8 +2,8 @@
 # One device-tool call: install the carried wheels (.whl/), run the whole test suite on the GPU,
 # then the benchmarks, with logs under $OUT. Every step has its own time limit, and pytest dumps
 # every thread's stack if one test runs past 100 s (a hang then costs minutes, not the call).
-# The device tool returns at most 8 files: logs stay plain, the JSON results go into results.tgz.
-# Usage (device tool, carry [".whl"]): bash bench/device_run.sh [pytest args]
+# A remote runner may return only a few files: logs stay plain, the JSON results go into results.tgz.
+# Usage (with the wheels of .whl/ beside the checkout): bash bench/device_run.sh [pytest args]
 # H3_RUN_BENCH="row attention mlp" picks the benchmarks (default: all three).
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1

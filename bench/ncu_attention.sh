@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute on the attention kernel (the third call) for each segment set named, after
-# source bench/device_env.sh (device tool; clocks left alone). Output: $OUT/ncu_attention.txt.
+# source bench/device_env.sh (clocks left alone). Output: $OUT/ncu_attention.txt.
 # Usage: bash bench/ncu_attention.sh 4x4096 1x16384
 # H3_NCU_KERNELS='regex:kv_block|k_quant|v_quant|q_kernel' H3_NCU_COUNT=4 profiles the quantization
 # passes instead (Numba names its kernels after the Python functions).

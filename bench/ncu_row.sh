@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute on one row-kernel launch at M=16384 (device tool; clocks left alone).
+# Nsight Compute on one row-kernel launch at M=16384 (clocks left alone).
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then

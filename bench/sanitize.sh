@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck) over both operators at three sizes each,
-# ragged segment lists included (issue 5, item 2). Logs under $OUT/sanitize/, one line per run on
+# ragged segment lists included. Logs under $OUT/sanitize/, one line per run on
 # stdout. Usage on the device machine (carry [".whl"]): bash bench/sanitize.sh [tools]
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1

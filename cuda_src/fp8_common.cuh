@@ -40,7 +40,7 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const u32 (&a)[4],
 #endif  // H3_MMA_FORM
 
 // Two FP32 values -> two e4m3 bytes (lo in bits 0..7), RNE with saturation to +-448
-// (contract.md's e4m3()). tests/test_fp8_convert.py checks it next to every midpoint.
+// (docs/spec.md's e4m3()). tests/test_fp8_convert.py checks it next to every midpoint.
 __device__ __forceinline__ u16 e4m3x2_from_f32(float lo, float hi) {
   u16 r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));

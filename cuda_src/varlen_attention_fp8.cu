@@ -1,5 +1,5 @@
 // minimax_h3_varlen_attention_fp8: non-causal packed-varlen attention on e4m3 operands
-// (contract.md, Attention details). Inputs come from the quantization passes
+// (docs/spec.md, Attention). Inputs come from the quantization passes
 // (h3kernels/varlen_attention_fp8_quant.py):
 //   q8, k8  e4m3 [tokens, heads, 128]     s_q f32 [tokens, heads]
 //   s_k     f32 [key blocks, heads]       (128-key blocks from each segment's start)

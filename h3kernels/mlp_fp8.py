@@ -1,4 +1,4 @@
-"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (contract.md): the weight preparation, the row
+"""minimax_h3_mlp_fp8: the fused W8A8 MLP block (docs/spec.md): the weight preparation, the row
 stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
 FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
 from h3kernels import reference
@@ -14,7 +14,7 @@ _PREPARE_ARRAYS = validate.Accepted(("torch", "cupy"), "a torch tensor or a CuPy
 
 def prepare_minimax_h3_fc1_weight_fp8(w1):
     """w1 [28672, 5376] float (rows 0..14335 gate, then up) -> (e4m3 q [28672, 5376], f32 scale
-    [28672]) in the kernel's prepacked row order (see minimax_h3_fc1_row_order), per contract.md.
+    [28672]) in the kernel's prepacked row order (see minimax_h3_fc1_row_order), per docs/spec.md.
     Torch tensors (CPU or CUDA) or CuPy arrays; the result is of the same kind and device."""
     return _prepare("w1", w1, (FC1_OUT, HIDDEN), reference.prepare_minimax_h3_fc1_weight_fp8)
 
@@ -84,7 +84,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                       fc1_weight_q, fc1_weight_scale, fc2_weight_q, fc2_weight_scale, *, out=None,
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
                       workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
-    """The fused W8A8 MLP block of MiniMax-H3 (contract.md): returns out, bf16 [M, 5376], of the
+    """The fused W8A8 MLP block of MiniMax-H3 (docs/spec.md): returns out, bf16 [M, 5376], of the
     caller's kind. Three launches and one memset on the caller's current stream, no host sync.
     Workspaces, when given, receive a_q, a_scale, y, y_q and y_scale (h3kernels.reference
     fills the same ones); out may be residual or x."""

@@ -1,4 +1,4 @@
-"""minimax_h3_varlen_attention_fp8: packed-varlen FP8 attention (contract.md, Attention details).
+"""minimax_h3_varlen_attention_fp8: packed-varlen FP8 attention (docs/spec.md, Attention).
 
 One call: validate every argument (nothing is launched before), take the segment plan (host,
 cached; no device sync when cu_seqlens_host is given), then on the caller's stream the Numba

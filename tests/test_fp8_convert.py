@@ -21,11 +21,11 @@ def near_midpoints(seed):
 def convert_gpu(v):
     import cupy
 
-    from h3kernels._runtime import compiler as jit
+    from h3kernels._runtime import compiler
 
     inp = cupy.asarray(v)
     out = cupy.full(v.shape, 0x7F, dtype=cupy.uint8)
-    f = jit.get_function("fp8_convert", "h3_f32_to_e4m3", inp.device.id)
+    f = compiler.get_function("fp8_convert", "h3_f32_to_e4m3", inp.device.id)
     f((256,), (256,), (inp, out, np.int64(v.size)))
     return cupy.asnumpy(out)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import h3kernels
-from h3kernels._runtime import compiler as jit
+from h3kernels._runtime import compiler
 from h3kernels import reference as R
 from h3kernels.testing.checks import check_mlp_stages, reference_bound, rel_l2, same_bits
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_inputs, mlp_arguments
@@ -147,7 +147,7 @@ def test_two_threads_on_two_streams_match_serial_calls(weights, seed):
         serial.append((mlp(inp, weights).clone(), attention(q, k, v, cu).clone()))
     torch.cuda.synchronize()
 
-    jit.clear_caches()
+    compiler.clear_caches()
     results, errors = [None, None], []
     barrier = threading.Barrier(2)
 

@@ -56,7 +56,7 @@ def board_form(device_id):
 
 
 def mma_form(device_id, requested=-1):
-    """The FP8 mma form for an operator's `fp8_mma_form` (contract.md): -1 the board's, 0 the
+    """The FP8 mma form for an operator's `fp8_mma_form` (docs/spec.md): -1 the board's, 0 the
     legacy e4m3 mma, 2 kind::mxf8f6f4 (sm_120a only). Both compute the same FP32 sums."""
     if requested == -1 and not isinstance(requested, bool):
         return board_form(device_id)

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from h3kernels._runtime import arrays as dispatch
+from h3kernels._runtime import arrays as adapter
 
 
 class Accepted:
@@ -46,12 +46,12 @@ def arrays(accepted, required, optional=None):
     for name, a in {**required, **(optional or {})}.items():
         if a is None and name not in required:
             continue
-        if dispatch.kind_of(a) not in accepted.kinds:
+        if adapter.kind_of(a) not in accepted.kinds:
             fail(name, type_name(a), accepted.need, TypeError)
 
 
 def dtype(name, a, want):
-    if dispatch.logical_dtype(a) != want:
+    if adapter.logical_dtype(a) != want:
         fail(name, a.dtype, want, TypeError)
 
 
@@ -66,34 +66,34 @@ def array(name, a, dtype_, shape, contiguous=True):
 
 def contiguous_(name, a):
     if not is_contiguous(a):
-        fail(name, f"strides {dispatch.strides_elems(a)}", "a contiguous array")
+        fail(name, f"strides {adapter.strides_elems(a)}", "a contiguous array")
 
 
 def is_contiguous(a):
-    if dispatch.kind_of(a) == "torch":
+    if adapter.kind_of(a) == "torch":
         return a.is_contiguous()
     return a.flags.c_contiguous
 
 
 def table(name, a, cols):
     """A [rows, cols] bf16 table view: unit column stride, 16-byte-aligned base and row pitch."""
-    dtype(name, a, dispatch.BF16)
+    dtype(name, a, adapter.BF16)
     if a.ndim != 2 or a.shape[1] != cols or a.shape[0] < 1:
         fail(name, f"shape {tuple(a.shape)}", f"shape (rows >= 1, {cols})")
-    rs, cs = dispatch.strides_elems(a)
+    rs, cs = adapter.strides_elems(a)
     if cs != 1:
         fail(name, f"column stride {cs}", "column stride 1")
     if (rs * 2) % 16 or rs < cols:
         fail(name, f"row pitch {rs * 2} bytes", "a row pitch that is a multiple of 16 bytes, >= one row")
-    if dispatch.data_ptr(a) % 16:
-        fail(name, f"base address {dispatch.data_ptr(a):#x}", "a 16-byte-aligned base")
+    if adapter.data_ptr(a) % 16:
+        fail(name, f"base address {adapter.data_ptr(a):#x}", "a 16-byte-aligned base")
 
 
 def aligned(name, a, nbytes):
     """The kernels read whole 4-, 8- or 16-byte words: the base address must allow it."""
-    if dispatch.data_ptr(a) % nbytes:
+    if adapter.data_ptr(a) % nbytes:
         article = "an" if nbytes == 8 else "a"
-        fail(name, f"base address {dispatch.data_ptr(a):#x}", f"{article} {nbytes}-byte-aligned base")
+        fail(name, f"base address {adapter.data_ptr(a):#x}", f"{article} {nbytes}-byte-aligned base")
 
 
 # the smallest double that rounds to FP32 infinity: FP32's max plus half its ulp (a tie, which
@@ -143,16 +143,16 @@ def one_device(named):
 
 
 def _device_key(a):
-    return ("torch", str(a.device)) if dispatch.kind_of(a) == "torch" else ("cupy", a.device.id)
+    return ("torch", str(a.device)) if adapter.kind_of(a) == "torch" else ("cupy", a.device.id)
 
 
 def span(a):
     """[first byte, one past the last byte) of the memory a's elements occupy; None if it has none."""
     if any(n == 0 for n in a.shape):
         return None
-    itemsize = a.element_size() if dispatch.kind_of(a) == "torch" else a.itemsize
-    lo = dispatch.data_ptr(a)
-    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, dispatch.strides_elems(a))))
+    itemsize = a.element_size() if adapter.kind_of(a) == "torch" else a.itemsize
+    lo = adapter.data_ptr(a)
+    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, adapter.strides_elems(a))))
 
 
 def no_overlap(written, read, may_alias=()):

@@ -3,7 +3,7 @@ stage's, the whole block's, the weight preparation's, and the small helpers' (fc
 fc1 row order device). Each returns the checked scalar values; devices are checked by the caller
 afterwards (GPU: _runtime.arrays.Call; reference: one_device)."""
 from h3kernels import _validate as v
-from h3kernels._runtime import arrays as dispatch
+from h3kernels._runtime import arrays as adapter
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
 FP8_MMA_FORMS = (-1, 0, 2)
@@ -16,7 +16,7 @@ def row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
     v.arrays(accepted, dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
                             adaln_index=adaln_index),
              dict(workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale))
-    v.dtype("x", x, dispatch.BF16)
+    v.dtype("x", x, adapter.BF16)
     if x.ndim != 2 or x.shape[1] != HIDDEN:
         v.fail("x", f"shape {tuple(x.shape)}", f"shape (M, {HIDDEN})")
     m = x.shape[0]
@@ -24,22 +24,22 @@ def row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
         v.fail("x", f"M = {m} rows", f"1 <= M <= {MAX_M} (M * 14336 must stay below 2**31)")
     v.contiguous_("x", x)
     v.aligned("x", x, 8)  # read as quads of bf16
-    v.array("x_norm_weight", x_norm_weight, dispatch.BF16, (HIDDEN,))
+    v.array("x_norm_weight", x_norm_weight, adapter.BF16, (HIDDEN,))
     v.aligned("x_norm_weight", x_norm_weight, 8)
     v.table("adaln_scale", adaln_scale, HIDDEN)
     v.table("adaln_shift", adaln_shift, HIDDEN)
     if adaln_shift.shape[0] != adaln_scale.shape[0]:
         v.fail("adaln_shift", f"{adaln_shift.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
     # the row kernel walks both tables with one row pitch
-    if dispatch.strides_elems(adaln_shift)[0] != dispatch.strides_elems(adaln_scale)[0]:
-        v.fail("adaln_shift", f"row stride {dispatch.strides_elems(adaln_shift)[0]}",
-               f"adaln_scale's row stride {dispatch.strides_elems(adaln_scale)[0]}")
-    v.array("adaln_index", adaln_index, dispatch.I64, (m,))
+    if adapter.strides_elems(adaln_shift)[0] != adapter.strides_elems(adaln_scale)[0]:
+        v.fail("adaln_shift", f"row stride {adapter.strides_elems(adaln_shift)[0]}",
+               f"adaln_scale's row stride {adapter.strides_elems(adaln_scale)[0]}")
+    v.array("adaln_index", adaln_index, adapter.I64, (m,))
     if workspace_a_q is not None:
-        v.array("workspace_a_q", workspace_a_q, dispatch.E4M3, (m, HIDDEN))
+        v.array("workspace_a_q", workspace_a_q, adapter.E4M3, (m, HIDDEN))
         v.aligned("workspace_a_q", workspace_a_q, 4)  # written as quads of e4m3
     if workspace_a_scale is not None:
-        v.array("workspace_a_scale", workspace_a_scale, dispatch.F32, (m,))
+        v.array("workspace_a_scale", workspace_a_scale, adapter.F32, (m,))
     return v.positive_finite("eps", eps)
 
 
@@ -62,14 +62,14 @@ def mlp_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, resi
     v.table("gate", gate, HIDDEN)
     if gate.shape[0] != adaln_scale.shape[0]:
         v.fail("gate", f"{gate.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
-    v.array("residual", residual, dispatch.BF16, (m, HIDDEN))
-    v.array("fc1_weight_q", fc1_weight_q, dispatch.E4M3, (FC1_OUT, HIDDEN))
-    v.array("fc1_weight_scale", fc1_weight_scale, dispatch.F32, (FC1_OUT,))
-    v.array("fc2_weight_q", fc2_weight_q, dispatch.E4M3, (HIDDEN, FFN))
-    v.array("fc2_weight_scale", fc2_weight_scale, dispatch.F32, (HIDDEN,))
-    for name, shape, dtype in (("out", (m, HIDDEN), dispatch.BF16), ("workspace_y", (m, FFN), dispatch.BF16),
-                               ("workspace_y_q", (m, FFN), dispatch.E4M3), ("workspace_y_scale", (m,), dispatch.F32),
-                               ("workspace_flags", (fc2_flag_count(m),), dispatch.I32)):
+    v.array("residual", residual, adapter.BF16, (m, HIDDEN))
+    v.array("fc1_weight_q", fc1_weight_q, adapter.E4M3, (FC1_OUT, HIDDEN))
+    v.array("fc1_weight_scale", fc1_weight_scale, adapter.F32, (FC1_OUT,))
+    v.array("fc2_weight_q", fc2_weight_q, adapter.E4M3, (HIDDEN, FFN))
+    v.array("fc2_weight_scale", fc2_weight_scale, adapter.F32, (HIDDEN,))
+    for name, shape, dtype in (("out", (m, HIDDEN), adapter.BF16), ("workspace_y", (m, FFN), adapter.BF16),
+                               ("workspace_y_q", (m, FFN), adapter.E4M3), ("workspace_y_scale", (m,), adapter.F32),
+                               ("workspace_flags", (fc2_flag_count(m),), adapter.I32)):
         if given[name] is not None:
             v.array(name, given[name], dtype, shape)
     # cp.async reads 16-byte chunks; the epilogues write bf16 pairs
@@ -85,7 +85,7 @@ def mlp_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, resi
 
 
 def mma_form(requested):
-    """fp8_mma_form's value (contract.md): -1 the board's, 0 legacy, 2 mxf8f6f4. Whether this
+    """fp8_mma_form's value (docs/spec.md): -1 the board's, 0 legacy, 2 mxf8f6f4. Whether this
     board has form 2 is the launcher's to check, once the device is known."""
     return v.one_of("fp8_mma_form", requested, FP8_MMA_FORMS)
 
@@ -94,7 +94,7 @@ def weight(name, w, shape, accepted):
     """A float weight of exactly `shape` for the preparation (bf16, fp16 or fp32; CuPy's bf16 may
     come as its uint16 bits)."""
     v.arrays(accepted, {name: w})
-    if dispatch.kind_of(w) == "torch":
+    if adapter.kind_of(w) == "torch":
         if str(w.dtype).replace("torch.", "") not in WEIGHT_DTYPES:
             v.fail(name, w.dtype, "bfloat16, float16 or float32", TypeError)
     elif w.dtype.name not in WEIGHT_DTYPES + ("uint16",):

@@ -4,7 +4,7 @@ h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens),
 import math
 
 from h3kernels import _validate as v
-from h3kernels._runtime import arrays as dispatch
+from h3kernels._runtime import arrays as adapter
 from h3kernels.constants import HEAD_DIM
 
 FP8_MMA_FORMS = (-1, 0, 2)
@@ -14,7 +14,7 @@ def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
     """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are the caller's to check."""
     v.arrays(accepted, dict(q=q, k=k, v=v_, cu_seqlens=cu_seqlens), dict(out=out))
     for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.dtype(name, a, dispatch.BF16)
+        v.dtype(name, a, adapter.BF16)
     if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
         v.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
     for name, a in (("k", k), ("v", v_)):
@@ -23,11 +23,11 @@ def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
     for name, a in (("q", q), ("k", k), ("v", v_)):
         v.contiguous_(name, a)
         v.aligned(name, a, 8)  # the quantization passes read bf16 quads
-    v.dtype("cu_seqlens", cu_seqlens, dispatch.I32)
+    v.dtype("cu_seqlens", cu_seqlens, adapter.I32)
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
         v.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
     if out is not None:
-        v.array("out", out, dispatch.BF16, tuple(q.shape))
+        v.array("out", out, adapter.BF16, tuple(q.shape))
         v.aligned("out", out, 4)  # written as pairs of bf16
     return int(q.shape[0]), int(q.shape[1])
 
@@ -52,8 +52,8 @@ def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):
     name = "cu_seqlens_host"
     if cu_seqlens_host is None:
         name, cu_seqlens_host = "cu_seqlens", read_back()
-    elif dispatch.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
-        v.fail(name, f"a {dispatch.kind_of(cu_seqlens_host)} device array", "a host sequence of ints", TypeError)
+    elif adapter.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
+        v.fail(name, f"a {adapter.kind_of(cu_seqlens_host)} device array", "a host sequence of ints", TypeError)
     elif hasattr(cu_seqlens_host, "tolist"):  # numpy array or CPU tensor
         cu_seqlens_host = cu_seqlens_host.tolist()
     try:

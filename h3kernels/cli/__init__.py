@@ -60,15 +60,15 @@ def write_json(path, doc):
 
 
 def cmd_info(args):
-    from h3kernels._runtime import compiler as jit
+    from h3kernels._runtime import compiler
 
-    d, n, size = jit.cache_usage()
-    doc = dict(command="info", sources_dir=str(jit.source_dir()), cache_dir=str(d), cached_cubins=n,
+    d, n, size = compiler.cache_usage()
+    doc = dict(command="info", sources_dir=str(compiler.source_dir()), cache_dir=str(d), cached_cubins=n,
                cache_bytes=size, nvrtc=None, gpu=None)
     print(f"h3kernels sources: {doc['sources_dir']}")
     print(f"compile cache: {d} ({n} cubins, {size / 1e6:.1f} MB)")
     try:
-        doc["nvrtc"] = ".".join(map(str, jit.nvrtc().version))
+        doc["nvrtc"] = ".".join(map(str, compiler.nvrtc().version))
         print(f"NVRTC: {doc['nvrtc']}")
     except Exception as err:  # the CLI still reports the rest
         print(f"NVRTC: not loaded ({type(err).__name__}: {err})")
@@ -83,11 +83,11 @@ def cmd_info(args):
 
     i = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(i)
-    arch = jit.arch_for(cc)
+    arch = compiler.arch_for(cc)
     doc["gpu"] = dict(index=i, name=torch.cuda.get_device_name(i), compute_capability=list(cc), arch=arch,
-                      mma_forms=list(jit.MMA_FORMS[arch]), mlp_form=mlp_form(i), attention_form=attention_form(i))
+                      mma_forms=list(compiler.MMA_FORMS[arch]), mlp_form=mlp_form(i), attention_form=attention_form(i))
     print(f"GPU {i}: {doc['gpu']['name']}, compute capability {cc[0]}.{cc[1]} -> {arch}")
-    print(f"mma forms compiled for it: {jit.MMA_FORMS[arch]} (0 legacy, 1 kind::f8f6f4, 2 kind::mxf8f6f4)")
+    print(f"mma forms compiled for it: {compiler.MMA_FORMS[arch]} (0 legacy, 1 kind::f8f6f4, 2 kind::mxf8f6f4)")
     print(f"chosen: MLP form {doc['gpu']['mlp_form']} (fp8_mma_form=-1), attention form {doc['gpu']['attention_form']}")
     write_json(args.json, doc)
     return OK

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from h3kernels._launch.sources import defines_for, dynamic_smem
-from h3kernels._runtime import compiler as jit
+from h3kernels._runtime import compiler
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
@@ -53,19 +53,19 @@ def parse_ptxas(log):
 def source_names(names):
     """Command-line names -> stems of cuda_src/*.cu: `mlp_fp8`, `mlp_fp8.cu` and
     `cuda_src/mlp_fp8.cu` all name one source. Unknown names raise UsageError listing the known."""
-    known = jit.sources()
+    known = compiler.sources()
     if not names:
         return known
     stems = [Path(n).name[:-3] if Path(n).name.endswith(".cu") else Path(n).name for n in names]
     unknown = [n for n, s in zip(names, stems) if s not in known]
     if unknown:
         raise UsageError(f"unknown CUDA source{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(known)} (in {jit.source_dir()})")
+                         f"known: {', '.join(known)} (in {compiler.source_dir()})")
     return list(dict.fromkeys(stems))
 
 
 def nvrtc_version():
-    return tuple(jit.nvrtc().version)
+    return tuple(compiler.nvrtc().version)
 
 
 def _nvdisasm_candidates():
@@ -138,7 +138,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     names = source_names(names)
     version = nvrtc_version()
     tool = nvdisasm_for(version[0]) if sass else None
-    report = dict(command="compile_check", nvrtc=".".join(map(str, version)), sources_dir=str(jit.source_dir()),
+    report = dict(command="compile_check", nvrtc=".".join(map(str, version)), sources_dir=str(compiler.source_dir()),
                   archs=list(archs), nvdisasm=None, kernels=[], failures=[])
     print(f"NVRTC {report['nvrtc']} (the build's), sources in {report['sources_dir']}", file=out)
     if tool:
@@ -150,13 +150,13 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     for name in names:
         # A source without an mma builds the same program for every form; NVRTC 13 then returns
         # no ptxas report for the repeats (seen on the H200), so it is checked once.
-        uses_mma = "mma_e4m3_16832(" in jit.read_with_includes(name)[0]
+        uses_mma = "mma_e4m3_16832(" in compiler.read_with_includes(name)[0]
         for arch in archs:
-            for form in jit.MMA_FORMS[arch] if uses_mma else (0,):
+            for form in compiler.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
-                    cubin, log, _ = jit.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
+                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
                                                       use_cache=False)
-                except jit.CompileError as err:
+                except compiler.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
                     print(err, file=out)
                     continue
@@ -192,7 +192,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
 def add_arguments(p):
     p.add_argument("names", nargs="*", metavar="name",
                    help="CUDA sources to compile, as mlp_fp8 or mlp_fp8.cu (default: every cuda_src/*.cu)")
-    p.add_argument("--arch", action="append", choices=sorted(jit.MMA_FORMS), help="default: sm_120a and sm_90")
+    p.add_argument("--arch", action="append", choices=sorted(compiler.MMA_FORMS), help="default: sm_120a and sm_90")
     p.add_argument("--sass", action="store_true",
                    help="count matrix instructions with an nvdisasm of the build's CUDA major release")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")

@@ -2,14 +2,14 @@
 
 Both benchmarks measure their operator against this ceiling; the tile lets tests check the
 fragment layout and that every mma form gives the same sums."""
-from h3kernels._runtime import compiler as jit
+from h3kernels._runtime import compiler
 
 CHAINS = 8  # as in cuda_src/mma_ceiling.cu
 FLOP_PER_MMA = 2 * 16 * 8 * 32
 
 
 def supported_forms(device_id=0):
-    return jit.MMA_FORMS[jit.arch_for(jit.device_cc(device_id))]
+    return compiler.MMA_FORMS[compiler.arch_for(compiler.device_cc(device_id))]
 
 
 def mma_tile(a, b, form=0):
@@ -17,7 +17,7 @@ def mma_tile(a, b, form=0):
     import cupy
 
     d = cupy.full((16, 8), cupy.nan, dtype=cupy.float32)
-    f = jit.get_function("mma_ceiling", "h3_mma_tile", a.device.id, {"H3_MMA_FORM": form})
+    f = compiler.get_function("mma_ceiling", "h3_mma_tile", a.device.id, {"H3_MMA_FORM": form})
     f((1,), (32,), (a, b, d))
     return d
 
@@ -31,10 +31,10 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     from h3kernels.testing.timing import median_ms
 
     with cupy.cuda.Device(device_id):
-        sms = jit.device_properties(device_id)["multiProcessorCount"]
+        sms = compiler.device_properties(device_id)["multiProcessorCount"]
         blocks, threads = sms * 8, 128
         sink = cupy.zeros(blocks * threads, dtype=cupy.float32)
-        f = jit.get_function("mma_ceiling", "h3_mma_ceiling", device_id, {"H3_MMA_FORM": form})
+        f = compiler.get_function("mma_ceiling", "h3_mma_ceiling", device_id, {"H3_MMA_FORM": form})
 
         def run():
             f((blocks,), (threads,), (sink, np.int32(iters), np.uint32(0x9E3779B9)))

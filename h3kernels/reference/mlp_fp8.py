@@ -1,4 +1,4 @@
-"""Reference of minimax_h3_mlp_fp8 (contract.md, MLP details): the weight preparation, the row
+"""Reference of minimax_h3_mlp_fp8 (docs/spec.md, MLP): the weight preparation, the row
 stage (RMSNorm + indexed AdaLN + per-token e4m3 quantization), FC1 + SwiGLU, and FC2 with the
 requantization of y and the gated residual. The operators check their arguments as the GPU ones
 do (h3kernels._validate.mlp_fp8) before anything is computed or written."""
@@ -111,7 +111,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                       fc1_weight_q, fc1_weight_scale, fc2_weight_q, fc2_weight_scale, *, out=None,
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
                       workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
-    """The fused W8A8 MLP block (contract.md, MLP details), as h3kernels.minimax_h3_mlp_fp8:
+    """The fused W8A8 MLP block (docs/spec.md, MLP), as h3kernels.minimax_h3_mlp_fp8:
     returns out (bf16 [M, 5376]); workspaces, when given, receive a_q, a_scale, y, y_q, y_scale,
     and zeros in the flags. Every valid fp8_mma_form gives the same result."""
     arrays = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,

@@ -1,4 +1,4 @@
-"""Reference of minimax_h3_varlen_attention_fp8 (contract.md, Attention details): the
+"""Reference of minimax_h3_varlen_attention_fp8 (docs/spec.md, Attention): the
 quantization of q, k (mean-centred per segment, scaled per 128-key block) and v (per segment and
 channel), then softmax attention with P rounded to e4m3. The operator checks its arguments as
 the GPU one does (h3kernels._validate.varlen_attention_fp8); attention_fp8 is the unchecked
@@ -30,7 +30,7 @@ def key_mean(ks):
 
 
 def quantize_attention_inputs(q, k, v, cu_seqlens):
-    """Returns (q8, s_q, k8, s_k, v8, s_v) as contract.md defines them.
+    """Returns (q8, s_q, k8, s_k, v8, s_v) as docs/spec.md defines them.
 
     q8, k8, v8: e4m3 [tokens, heads, 128]; s_q: f32 [tokens, heads];
     s_k: f32 [tokens, heads] (the scale of the 128-key block each key belongs to);
@@ -90,7 +90,7 @@ def attention_fp8(q, k, v, cu_seqlens, softmax_scale=None, out=None, query_chunk
 
 def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens_host=None, softmax_scale=None,
                                     fp8_mma_form=-1):
-    """Non-causal packed-varlen FP8 attention (contract.md, Attention details), as
+    """Non-causal packed-varlen FP8 attention (docs/spec.md, Attention), as
     h3kernels.minimax_h3_varlen_attention_fp8: q, k, v bf16 [tokens, heads, 128], cu_seqlens int32
     [segments + 1] (its values read back unless cu_seqlens_host is given); returns out. Every
     valid fp8_mma_form gives the same result."""

@@ -1,6 +1,6 @@
 """The quantization passes of minimax_h3_varlen_attention_fp8 (Numba, raw bits).
 
-contract.md, Attention details:
+docs/spec.md, Attention:
 - Q per (token, head): s_q = RN(amax / 448) over the 128 channels, q8 = e4m3(RN(q / s_q)).
 - K per (segment, head, channel): FP32 mean mu over the segment's keys (the keys of each
   128-key block added in token order, the block sums added in block order, then RN(sum / L));
