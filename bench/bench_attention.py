@@ -524,7 +524,7 @@ def summary(results, ceil, form):
 
 def op_form(dev_id):
     try:
-        from h3kernels.varlen_attention_fp8 import mma_form
+        from h3kernels._runtime.targets import mma_form
 
         return mma_form(dev_id)
     except Exception as err:

@@ -43,11 +43,18 @@ def type_name(v):
 def arrays(accepted, required, optional=None):
     """Every value of `required` ({name: value}) is an array of an accepted kind; every value of
     `optional` is one or None."""
+    first = None
     for name, a in {**required, **(optional or {})}.items():
         if a is None and name not in required:
             continue
-        if adapter.kind_of(a) not in accepted.kinds:
+        kind = adapter.kind_of(a)
+        if kind not in accepted.kinds:
             fail(name, type_name(a), accepted.need, TypeError)
+        if first is None:
+            first = name, kind
+        elif kind != first[1]:  # one call runs on one kind's streams and allocator
+            fail(name, f"a {kind} array while {first[0]} is a {first[1]} array", f"arrays of one kind ({first[1]})",
+                 TypeError)
 
 
 def dtype(name, a, want):

@@ -84,8 +84,8 @@ def run(args):
     import torch
 
     from h3kernels.peers import mma_ceiling
-    from h3kernels.mlp_fp8 import mma_form as mlp_form
-    from h3kernels.varlen_attention_fp8 import mma_form as attention_form
+    from h3kernels._runtime.targets import mma_form as attention_form
+    from h3kernels._runtime.targets import mma_form as mlp_form
 
     dev = torch.cuda.current_device()
     # each row's % of ceiling is against the mma form its own operator runs (they differ on sm_120a)

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -131,6 +132,13 @@ def mma_instructions(cubin, tool):
     return collections.Counter(_MMA.findall(text))
 
 
+def _nonce():
+    """A define no source reads, new for every compilation: NVRTC 13.0 was seen (on the H200) to
+    return neither the ptxas report nor a cubin nvdisasm reads for a program it had already
+    compiled with the same options, in another process as well; the nonce makes each program new."""
+    return f"-DH3_COMPILE_CHECK_NONCE={secrets.randbits(63)}"
+
+
 def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     """Compiles and reports; returns a dict (the --json document) whose "ok" is the verdict.
     Raises UsageError for an unknown name, MissingNeed when --sass has no matching nvdisasm."""
@@ -154,7 +162,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         for arch in archs:
             for form in compiler.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
-                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
+                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v", _nonce()),
                                                       use_cache=False)
                 except compiler.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
