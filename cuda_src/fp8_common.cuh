@@ -9,7 +9,7 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// H3_MMA_FORM (given by the launch layer, h3kernels/_runtime/targets.py) picks the instruction:
+// H3_MMA_FORM (a -D from the launch layer; the forms per arch are in h3kernels/_runtime/targets.py) picks the instruction:
 //   0  legacy mma.sync.m16n8k32.e4m3 (sm_89, sm_90, sm_120a)
 //   2  mma.sync kind::mxf8f6f4 block_scale with unit UE8M0 scales (sm_120a)
 // Both compute the same FP32 sums of exact e4m3 products. (kind::f8f6f4 without scales

@@ -6,7 +6,7 @@ its context handling stay out of the hot path; with a warm disk cache Numba is n
 
 Each kernel has a fixed signature (SIGNATURES). A Numba kernel takes an array as its fields,
 flattened: meminfo, parent, nitems, itemsize, data, shape..., strides... (bytes), each 64-bit;
-`array_values` builds them for a C-contiguous array. tests/test_numba_ptx.py checks the
+`array_values` builds them for a C-contiguous array. tests/test_launch.py checks the
 flattened parameter list against the .entry that numba-cuda emits.
 """
 import hashlib

@@ -40,9 +40,9 @@ def defines(arch, form):
     # ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
     # from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
     # softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
-    sm90 = int(arch != "sm_90")
+    registers_to_spare = int(arch != "sm_90")
     return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, THREADS=THREADS, TILE_INTS=TILE_INTS,
-                Q_IN_REGS=sm90, SKIP_SETTLED_RESCALE=sm90, H3_MMA_FORM=form)
+                Q_IN_REGS=registers_to_spare, SKIP_SETTLED_RESCALE=registers_to_spare, H3_MMA_FORM=form)
 
 
 _kernels = compiler.cache({})  # (device id, form) -> (attention kernel, its grid cap)

@@ -87,7 +87,7 @@ def cmd_info(args):
     doc["gpu"] = dict(index=i, name=torch.cuda.get_device_name(i), compute_capability=list(cc), arch=arch,
                       mma_forms=list(compiler.MMA_FORMS[arch]), mlp_form=mlp_form(i), attention_form=attention_form(i))
     print(f"GPU {i}: {doc['gpu']['name']}, compute capability {cc[0]}.{cc[1]} -> {arch}")
-    print(f"mma forms compiled for it: {compiler.MMA_FORMS[arch]} (0 legacy, 1 kind::f8f6f4, 2 kind::mxf8f6f4)")
+    print(f"mma forms compiled for it: {compiler.MMA_FORMS[arch]} (0 legacy e4m3 mma, 2 kind::mxf8f6f4)")
     print(f"chosen: MLP form {doc['gpu']['mlp_form']} (fp8_mma_form=-1), attention form {doc['gpu']['attention_form']}")
     write_json(args.json, doc)
     return OK

@@ -2,8 +2,8 @@
 mma.sync ceiling for the mma form each operator uses, measured in the same run; a table at the
 end, CSV or JSON on request.
 
-Times are CUDA-event medians of back-to-back calls (h3kernels.timing.median_ms_batched) after a
-warm-up. MLP peer: torch eager bf16 (h3kernels.torch_mlp.mlp_bf16). Attention peer: torch's
+Times are CUDA-event medians of back-to-back calls (h3kernels.testing.timing.median_ms_batched) after a
+warm-up. MLP peer: torch eager bf16 (h3kernels.peers.torch_mlp.mlp_bf16). Attention peer: torch's
 scaled_dot_product_attention in bf16, one batched call for equal segment lengths, else one call
 per segment. bench/bench_mlp.py and bench/bench_attention.py time more peers (FP8 _scaled_mm,
 torch.compile, flash, cuDNN, varlen).
@@ -88,7 +88,7 @@ def run(args):
     from h3kernels._runtime.targets import mma_form as mlp_form
 
     dev = torch.cuda.current_device()
-    # each row's % of ceiling is against the mma form its own operator runs (they differ on sm_120a)
+    # each row's % of ceiling is against the mma form its own operator runs (one per operator, as each may run its own family)
     forms = {}
     if args.rows:
         forms["mlp"] = mlp_form(dev)  # fp8_mma_form=-1, as mlp_case calls it
