@@ -7,7 +7,7 @@ from h3kernels._runtime import arrays, targets, validate
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
 dispatch = arrays  # the name the argument checks below use (they move to h3kernels/_validate/)
-mma_form = targets.mma_form  # fp8_mma_form -> the form that runs (-1: the board's)
+mma_form = targets.mlp_mma_form  # fp8_mma_form -> the form that runs (-1: the board's; 3 on sm_90)
 
 _WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -173,7 +173,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                             ("workspace_y_q", workspace_y_q, 16), ("workspace_a_q", workspace_a_q, 16)):
         if a is not None:
             validate.aligned(name, a, nbytes)
-    form = targets.mma_form(call.device_id, fp8_mma_form)
+    form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
     _check_no_overlap({k: v for k, v in given.items() if v is not None}, inputs,
                       may_alias={("out", "residual"), ("out", "x")})
 

@@ -66,3 +66,19 @@ def mma_form(device_id, requested=-1):
         arch = device_arch(device_id)
         validate.fail("fp8_mma_form", requested, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
     return requested
+
+
+WGMMA_FORM = 3  # the MLP's Hopper family (cuda_src/mlp_fp8_sm90a.cu: wgmma + TMA), sm_90a only
+
+
+def mlp_mma_form(device_id, requested=-1):
+    """mma_form() for the MLP, which also has form 3, the wgmma family, on compute capability
+    9.0; -1 picks it there. Its tensor cores sum at most 128 products before an FP32 addition,
+    so its GEMM sums differ from form 0's within that rounding (docs/hopper.md)."""
+    hopper = device_arch(device_id) == "sm_90"
+    if not isinstance(requested, bool) and requested in (-1, WGMMA_FORM) and hopper:
+        return WGMMA_FORM
+    if not isinstance(requested, bool) and requested == WGMMA_FORM:
+        arch = device_arch(device_id)
+        validate.fail("fp8_mma_form", requested, f"-1, 0 or 2 on this {arch} board (form 3 needs sm_90a)", ValueError)
+    return mma_form(device_id, requested)
