@@ -33,13 +33,18 @@ from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.testing.timing import median_ms, mlp_flops
 
+if os.environ.get("H3_HOPPER_CLUSTER_M"):  # a fallback default build for this run
+    hopper.CLUSTER_M = int(os.environ["H3_HOPPER_CLUSTER_M"])
+if os.environ.get("H3_HOPPER_PROMOTE_N64"):
+    hopper.PROMOTE_N64 = int(os.environ["H3_HOPPER_PROMOTE_N64"])
 OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 _log = open(os.path.join(OUT, "hopper_mlp.log"), "a")
 T0 = time.time()
 F32, F64 = torch.float32, torch.float64
 # build variants timed (and checked bitwise against the default build, the first)
-VARIANTS = [(), (("CLUSTER_M", 1),), (("GROUP_M", 8),), (("GROUP_M", 32),)]
+VARIANTS = [(), (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))]
+TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))}  # other sums: not bitwise
 
 
 def log(*a):
@@ -149,7 +154,7 @@ def check(m, W, call_dev):
     res["alias_residual_bitwise"] = same_bits(alias, outs[3])
 
     # the other builds: bitwise the default's y and out (same sums in the same order)
-    for variant in VARIANTS[1:]:
+    for variant in [v for v in VARIANTS[1:] if v not in TIMING_ONLY]:
         yv = torch.full_like(y3, float("nan"))
         ov = torch.full_like(outs[3], float("nan"))
         hopper.launch_fc1(call, m, p(a_q), p(a_s), p(q1), p(s1), p(yv), variant)
@@ -174,7 +179,7 @@ def check(m, W, call_dev):
     return res
 
 
-def accumulation_error(m, W):
+def accumulation_error(m, W, variant=(("DBG_RAW_ACC", 1),)):
     """FC1's FP32 sums themselves (a DBG_RAW_ACC build writes them) against float64: the error
     of the tensor cores' accumulation, in units of sum |a_k w_k| and of the largest |sum|."""
     gate, residual_all, w1, w2, q1, s1, q2, s2 = W
@@ -183,13 +188,13 @@ def accumulation_error(m, W):
     raw = torch.full((m, FC1_OUT), float("nan"), device="cuda")
     call = arrays.Call(dict(a=a_q))
     p = arrays.data_ptr
-    hopper.launch_fc1(call, m, p(a_q), p(a_s), p(q1), p(s1), p(raw), (("DBG_RAW_ACC", 1),))
+    hopper.launch_fc1(call, m, p(a_q), p(a_s), p(q1), p(s1), p(raw), variant)
     torch.cuda.synchronize()
     exact = a_q.to(F64) @ q1.to(F64).T
     mag = a_q.to(F64).abs() @ q1.to(F64).abs().T
     err = (raw.to(F64) - exact).abs()
     fp32_once = (exact.to(F32).to(F64) - exact).abs()  # one FP32 rounding of the exact sum
-    res = dict(m=m, nonfinite=int((~torch.isfinite(raw)).sum()), max_abs=float(err.max()),
+    res = dict(m=m, variant=variant, nonfinite=int((~torch.isfinite(raw)).sum()), max_abs=float(err.max()),
                max_over_sum_abs=float((err / mag.clamp_min(1e-30)).max()),
                mean_over_sum_abs=float((err / mag.clamp_min(1e-30)).mean()),
                max_over_max_sum=float(err.max() / exact.abs().max()),
@@ -289,6 +294,8 @@ def main():
         torch.cuda.empty_cache()
     try:
         results["accumulation"] = accumulation_error(512, W)
+        results["accumulation_whole_k_in_tensor_core"] = accumulation_error(
+            512, W, (("DBG_NO_PROMOTE", 1), ("DBG_RAW_ACC", 1), ("PROMOTE_N64", 0)))
     except Exception:
         import traceback
 
@@ -316,8 +323,8 @@ def main():
         log(f"M={t['m']}: op3 {t['op_form3_ms']:.3f} ms ({t['op_form3_tflops']:.0f} TF/s) op0 {t['op_form0_ms']:.3f} "
             f"fc1 {t['fc1_ms']:.3f} ({t['fc1_tflops']:.0f}) yq {t['y_quant_ms']:.3f} fc2 {t['fc2_ms']:.3f} "
             f"({t['fc2_tflops']:.0f}) compile {t.get('torch_compile_fp8_ms')}")
-        log("    variants: " + " ".join(f"{k}={v:.3f}" for k, v in t.items() if k.endswith("_ms") and "CLUSTER" in k
-                                        or "GROUP" in k and k.endswith("_ms")))
+        log("    variants: " + " ".join(f"{k}={v:.3f}" for k, v in t.items() if k.endswith("_ms") and ("CLUSTER" in k
+                                        or "PROMOTE" in k)))
     log(f"elapsed {time.time() - T0:.0f} s")
 
 

@@ -27,7 +27,7 @@
 // From h3kernels/_launch/mlp_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
-    !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M)
+    !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || BK != 128
@@ -144,9 +144,17 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     const int consumer = wg - 1, lane = threadIdx.x & 31;
     int stage = 0;
     u32 phase = 0;
+#if PROMOTE_N64
+    // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
+    // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
+    float part[2][32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
+#else
     float part[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
+#endif
     for (int tile = group0; tile < tiles; tile += group_step) {
       int m0, n0;
       tile_origin(tile, groups_m, n_tiles, m0, n0);
@@ -161,6 +169,68 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
         mbar_wait(&full[stage], phase);
         const u32 a = base + stage * STAGE_BYTES + consumer * 64 * BK;
         const u32 b = base + stage * STAGE_BYTES + A_BYTES;
+#if PROMOTE_N64
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k)
+            wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc(a + 32 * k), wgmma_desc(b + q * 64 * BK + 32 * k), k);
+          wgmma_commit();
+          wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
+          const int pq = (q + 3) & 3;  // its quarter
+          if (q > 0 || kb > 0) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+              fence_regs(part[pq & 1][i]);
+              acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
+            }
+          }
+          if (q == 0 && kb > 0 && lane == 0) {  // the previous slice's last quarter is done: free its stage
+            const int prev = stage == 0 ? STAGES - 1 : stage - 1;
+#if CLUSTER_M == 2
+            mbar_arrive_cluster(&empty[prev], 0);
+            mbar_arrive_cluster(&empty[prev], 1);
+#else
+            mbar_arrive(&empty[prev]);
+#endif
+          }
+        }
+        if (kb == K / BK - 1) {  // the tile's last quarter
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            fence_regs(part[1][i]);
+            acc[1][32 + i] += part[1][i];
+          }
+        } else {
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
+#elif defined(DBG_NO_PROMOTE)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k)
+            wgmma_m64n128k32_e4m3(acc[h], wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice is done: free its stage
+        if (kb > 0 && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
+        if (kb == K / BK - 1) {
+          wgmma_wait<0>();
+        } else {
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
+#else
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #ifndef DBG_NO_MMA
@@ -177,6 +247,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
           }
 #endif
         }
+#endif
         if (lane == 0) {
 #if CLUSTER_M == 2
           mbar_arrive_cluster(&empty[stage], 0);

@@ -17,6 +17,7 @@ from h3kernels._runtime.targets import sm_count
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 
 ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
+ARCHS = (ARCH,)  # what compile_check builds this source for
 FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
 
 # cuda_src/mlp_fp8_sm90a.cu, built with exactly these (defines()):
@@ -25,9 +26,12 @@ BN = 256  # columns of an output tile (FC1: prepacked, 128 logical y columns); F
 BK = 128  # bytes of K per ring stage: one 128B-swizzled row, and the K span summed inside the tensor core
 STAGES = 4  # TMA ring depth: 4 x 48 KiB
 GROUP_M = 16  # tile groups per band of the persistent walk, so the tiles in flight share L2 operands
-CLUSTER_M = 2  # CTAs per cluster, on vertically adjacent tiles: each loads half the B slice for both
-PRODUCER_REGS = 40  # registers left to the TMA warpgroup (setmaxnreg.dec)
-CONSUMER_REGS = 232  # registers of each wgmma warpgroup: 128 FP32 sums + a 64-register partial + the rest
+CLUSTER_M = 1  # CTAs per cluster; 2: pairs on vertically adjacent tiles, each loading half of B for both
+# (multicast): correct, but 30% slower on the H200 (docs/hopper.md)
+PROMOTE_N64 = 1  # 1: four 64-column partials in turn per slice, 0: two 128-column partials, one at a time
+PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
+CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
+# (24 x 128 + 240 x 256 = 64512 of the SM's 65536; 232 spilled a few bytes with PROMOTE_N64)
 QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
 GEMM_THREADS = 384
 SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
@@ -42,7 +46,8 @@ QUANT_PARAMS = ("u64",) * 3  # y, y_q, y_scale
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/mlp_fp8_sm90a.cu (one build: sm_90a, form 3); `variant`
     overrides some (bench/hopper_mlp.py compares builds)."""
-    d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PRODUCER_REGS=PRODUCER_REGS,
+    d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
+             PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d

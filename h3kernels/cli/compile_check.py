@@ -1,7 +1,9 @@
-"""python -m h3kernels.compile_check: compile every cuda_src/*.cu for sm_120a and sm_90, no GPU needed.
+"""python -m h3kernels.compile_check: compile every cuda_src/*.cu for sm_120a and sm_90 (a source
+of sm_90a instructions for sm_90a only), no GPU needed.
 
 Prints registers, static shared memory and spill bytes per kernel and mma form. Exits non-zero
-on a compile error, on any spill, or on more static shared memory than an SM120 block may use.
+on a compile error, on any spill, on a wgmma that ptxas serializes, or on more shared memory than
+a block of the arch may use.
 With --sass it compiles through cuda-python's NVRTC 13 (nvidia-cuda-nvrtc) and counts the
 matrix instructions in each cubin with the nvidia-cuda-nvdisasm wheel's nvdisasm, which does
 not read the cubins of NVRTC 12.
@@ -15,10 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import defines_for, dynamic_smem
+from h3kernels._launch.sources import archs_for, defines_for, dynamic_smem
 from h3kernels._runtime import compiler as jit
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
+SMEM_LIMIT = {"sm_90a": 227 * 1024}  # sm_90a-only sources: the H100/H200 block limit, 232448 bytes; others: SM120
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
@@ -58,7 +61,7 @@ def nvdisasm_path():
     return None
 
 
-_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA)[A-Z0-9._]*)")
+_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA|QGMMA)[A-Z0-9._]*)")
 
 
 def mma_instructions(cubin):
@@ -84,7 +87,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         # A source without an mma builds the same program for every form; NVRTC 13 then returns
         # no ptxas report for the repeats (seen on the H200), so it is checked once.
         uses_mma = "mma_e4m3_16832(" in jit.read_with_includes(name)[0]
-        for arch in archs:
+        for arch in archs_for(name, archs):
             for form in jit.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
                     cubin, log, _ = jit.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
@@ -94,6 +97,8 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     print(err, file=out)
                     continue
                 parsed = parse_ptxas(log)
+                if "serialized" in log:  # "wgmma.mma_async instructions are serialized ...": most of the rate lost
+                    failures.append(f"{name} {arch} form {form}: ptxas serializes wgmma")
                 if not parsed:
                     failures.append(f"{name} {arch} form {form}: no kernel found in the ptxas report")
                 for kernel, r in sorted(parsed.items()):
@@ -103,7 +108,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     if spill:
                         failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
                     smem = r["smem"] + dynamic_smem(name).get(kernel, 0)
-                    if smem > SM120_SMEM_LIMIT:
+                    if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
                         failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
                 if sass:
                     try:
