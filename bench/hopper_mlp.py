@@ -43,7 +43,8 @@ _log = open(os.path.join(OUT, "hopper_mlp.log"), "a")
 T0 = time.time()
 F32, F64 = torch.float32, torch.float64
 # build variants timed (and checked bitwise against the default build, the first)
-VARIANTS = [(), (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))]
+VARIANTS = [(), (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("GROUP_M", 4),), (("GROUP_M", 64),),
+            (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))]
 TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))}  # other sums: not bitwise
 
 
@@ -278,7 +279,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--compile-budget-s", type=float, default=120)
     a = ap.parse_args()
-    results = dict(date=datetime.datetime.utcnow().isoformat(), device=torch.cuda.get_device_name())
+    results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), device=torch.cuda.get_device_name())
     log(f"=== hopper_mlp {results['date']} on {results['device']}")
     results["build"] = build_report()
     W = make_mlp_weights(max(a.check + a.time), 50)
@@ -323,7 +324,7 @@ def main():
         log(f"M={t['m']}: op3 {t['op_form3_ms']:.3f} ms ({t['op_form3_tflops']:.0f} TF/s) op0 {t['op_form0_ms']:.3f} "
             f"fc1 {t['fc1_ms']:.3f} ({t['fc1_tflops']:.0f}) yq {t['y_quant_ms']:.3f} fc2 {t['fc2_ms']:.3f} "
             f"({t['fc2_tflops']:.0f}) compile {t.get('torch_compile_fp8_ms')}")
-        log("    variants: " + " ".join(f"{k}={v:.3f}" for k, v in t.items() if k.endswith("_ms") and ("CLUSTER" in k
+        log("    variants: " + " ".join(f"{k}={v:.3f}" for k, v in t.items() if k.endswith("_ms") and ("CLUSTER" in k or "GROUP" in k
                                         or "PROMOTE" in k)))
     log(f"elapsed {time.time() - T0:.0f} s")
 

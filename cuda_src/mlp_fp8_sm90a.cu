@@ -19,9 +19,17 @@
 // Accumulation: the e4m3 wgmma keeps fewer bits than FP32 when it accumulates in the tensor
 // core over a long K. Each 128-wide K slice is therefore summed in the tensor core into a
 // zeroed partial (4 k32 steps), and the partial is added to FP32 registers ("promotion"), so
-// no more than 128 products ever meet inside the tensor core. The 64 x 256 output of a
-// consumer is done as two 64 x 128 halves per slice, which keeps the partial at 64 registers
-// beside the 128 of the FP32 sums.
+// no more than 128 products ever meet inside the tensor core. A consumer's 64 x 256 output is
+// done per slice as four 64 x 64 quarters with two 32-register partials in turn (PROMOTE_N64 1:
+// one quarter's additions overlap the next quarter's wgmmas), or as two 64 x 128 halves with
+// one 64-register partial, each waited for (PROMOTE_N64 0). Both give the same bits; either way
+// 64 registers of partials sit beside the 128 FP32 sums.
+//
+// Measurement builds (bench/hopper_mlp.py, bench/hopper_debug.py; never the launch layer's):
+//   DBG_RAW_ACC     FC1 stores its FP32 sums themselves, [M, FC1_OUT] floats at y
+//   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
+//                   and the error without promotion
+//   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
 #include "hopper_common.cuh"
 
 // From h3kernels/_launch/mlp_fp8_sm90a.py (NVRTC -D), which explains each value.
