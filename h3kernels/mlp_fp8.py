@@ -96,7 +96,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                  workspace_flags=workspace_flags)
     eps = checks.mlp_args(**inputs, **given, eps=eps, fp8_mma_form=fp8_mma_form)
     call = arrays.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
-    form = targets.mma_form(call.device_id, fp8_mma_form)
+    form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
     m = x.shape[0]
 
     # the buffers between the launches: the caller's workspaces, else one scratch allocation

@@ -4,7 +4,7 @@ and the FC1 and FC2 GEMMs of cuda_src/mlp_fp8.cu, with every constant of that so
 All three go through launcher.Kernel on the caller's stream; a caller opens an arrays.Call and
 makes its device current first (h3kernels/mlp_fp8.py does both).
 """
-from h3kernels._launch import numba_ptx
+from h3kernels._launch import mlp_fp8_sm90a, numba_ptx
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
@@ -103,7 +103,9 @@ def zero_flags(call, m, flags):
 
 def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
-    Arguments are addresses."""
+    Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a)."""
+    if form == mlp_fp8_sm90a.FORM:
+        return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y)
     fc1, _, sms = gemms(call.device_id, form)
     fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
                (a_q, a_scale, w1_q, w1_scale, y, m))
@@ -111,7 +113,10 @@ def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
 
 def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
     """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. gate is
-    the table (its row stride and rows are parameters); the rest are addresses."""
+    the table (its row stride and rows are parameters); the rest are addresses. Form 3 runs the
+    wgmma family (mlp_fp8_sm90a: a y quantization kernel, then the GEMM; flags unused)."""
+    if form == mlp_fp8_sm90a.FORM:
+        return mlp_fp8_sm90a.launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out)
     _, fc2, sms = gemms(call.device_id, form)
     fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
                (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0],

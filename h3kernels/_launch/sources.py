@@ -1,9 +1,9 @@
 """What each cuda_src/*.cu is built with: its -D constants per (arch, mma form) and the dynamic
 shared memory each of its kernels is launched with. The launch modules own the values; this
 is where python -m h3kernels.compile_check reads them, so it checks exactly what runs."""
-from h3kernels._launch import mlp_fp8, varlen_attention_fp8
+from h3kernels._launch import mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8
 
-_OPS = {"mlp_fp8": mlp_fp8, "varlen_attention_fp8": varlen_attention_fp8}
+_OPS = {"mlp_fp8": mlp_fp8, "mlp_fp8_sm90a": mlp_fp8_sm90a, "varlen_attention_fp8": varlen_attention_fp8}
 _FORM_ONLY = ("mma_ceiling",)  # the mma peer: only the form
 
 
@@ -20,3 +20,10 @@ def dynamic_smem(source):
     """{kernel: dynamic shared memory bytes per CTA} of cuda_src/<source>.cu ({} for none)."""
     op = _OPS.get(source)
     return dict(op.DYNAMIC_SMEM) if op else {}
+
+
+def archs_for(source, default):
+    """The archs cuda_src/<source>.cu is built for: its launch module's ARCHS (a source of
+    arch-specific instructions, e.g. wgmma on sm_90a), else `default`."""
+    op = _OPS.get(source)
+    return tuple(getattr(op, "ARCHS", default))

@@ -6,7 +6,7 @@ from h3kernels import _validate as v
 from h3kernels._runtime import arrays as adapter
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
-FP8_MMA_FORMS = (-1, 0, 2)
+FP8_MMA_FORMS = (-1, 0, 2, 3)
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -85,8 +85,9 @@ def mlp_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, resi
 
 
 def mma_form(requested):
-    """fp8_mma_form's value (docs/spec.md): -1 the board's, 0 legacy, 2 mxf8f6f4. Whether this
-    board has form 2 is the launcher's to check, once the device is known."""
+    """fp8_mma_form's value (docs/spec.md): -1 the board's, 0 legacy, 2 mxf8f6f4, 3 the wgmma
+    family. Whether this board has form 2 or 3 is the launcher's to check, once the device is
+    known."""
     return v.one_of("fp8_mma_form", requested, FP8_MMA_FORMS)
 
 

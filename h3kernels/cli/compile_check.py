@@ -1,9 +1,10 @@
 """`python -m h3kernels compile_check [names...] [--arch A] [--sass] [--json PATH]`: compile every
-cuda_src/*.cu (or the named ones) for sm_120a and sm_90, no GPU needed.
+cuda_src/*.cu (or the named ones) for sm_120a and sm_90 (a source of sm_90a instructions for
+sm_90a only), no GPU needed.
 
 Prints the NVRTC version, then registers, static shared memory and spill bytes per kernel and
-mma form. Exit 1 on a compile error, on any spill, or on more static shared memory than an SM120
-block may use. --sass also counts the matrix instructions in each cubin with nvdisasm. The cubins
+mma form. Exit 1 on a compile error, on any spill, on a wgmma that ptxas serializes, or on more
+static plus dynamic shared memory than a block of the arch may use. --sass also counts the matrix instructions in each cubin with nvdisasm. The cubins
 are those of the build (the NVRTC that h3kernels compiles with), and nvdisasm must come from the
 same CUDA major release: one of another major reads them wrongly or not at all, so a mismatch is
 refused (exit 3) before anything compiles.
@@ -19,16 +20,17 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import defines_for, dynamic_smem
+from h3kernels._launch.sources import archs_for, defines_for, dynamic_smem
 from h3kernels._runtime import compiler
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
+SMEM_LIMIT = {"sm_90a": 227 * 1024}  # sm_90a-only sources: the H100/H200 block limit, 232448 bytes; others: SM120
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
-_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA)[A-Z0-9._]*)")
+_MMA = re.compile(r"\b((?:QMMA|HMMA|IMMA|HGMMA|QGMMA)[A-Z0-9._]*)")
 
 
 
@@ -159,7 +161,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         # A source without an mma builds the same program for every form; NVRTC 13 then returns
         # no ptxas report for the repeats (seen on the H200), so it is checked once.
         uses_mma = "mma_e4m3_16832(" in compiler.read_with_includes(name)[0]
-        for arch in archs:
+        for arch in archs_for(name, archs):
             for form in compiler.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
                     cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v", _nonce()),
@@ -169,6 +171,8 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     print(err, file=out)
                     continue
                 parsed = parse_ptxas(log)
+                if "serialized" in log:  # "wgmma.mma_async instructions are serialized ...": most of the rate lost
+                    failures.append(f"{name} {arch} form {form}: ptxas serializes wgmma")
                 if not parsed:
                     failures.append(f"{name} {arch} form {form}: no kernel found in the ptxas report")
                 counts = None
@@ -186,7 +190,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     if spill:
                         failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
                     smem = r["smem"] + dynamic_smem(name).get(kernel, 0)
-                    if smem > SM120_SMEM_LIMIT:
+                    if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
                         failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
                 if counts is not None:
                     print(f"{'':<40}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)

@@ -1,0 +1,154 @@
+// Hopper (sm_90a) building blocks of the h3kernels CUDA sources: mbarriers, TMA tile loads,
+// warpgroup register reallocation and the e4m3 wgmma with its shared-memory descriptors.
+// Each helper is one or two PTX instructions, named as in the PTX ISA.
+//
+// Shared-memory operands use the 128-byte swizzle with K-major rows of 128 bytes (128 e4m3
+// values) and 1024-byte aligned tiles: byte (r, c) of a tile sits at
+//   r * 128 + (((c / 16) ^ (r % 8)) * 16) + c % 16,
+// which is what a TMA box of 128-byte rows with CU_TENSOR_MAP_SWIZZLE_128B writes and what a
+// wgmma descriptor with layout "128B swizzle" reads.
+#pragma once
+#include "fp8_common.cuh"
+
+// A CUtensorMap (cuda.h is not available under NVRTC): 128 opaque bytes, 64-byte aligned, made
+// on the host by cuTensorMapEncodeTiled and passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaMap {
+  u64 bytes[16];
+};
+
+// --- mbarrier ------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (the TMA unit) before first use.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+                   smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed. A fresh barrier counts as having
+// completed the phase before its first one, so waiting for parity 1 on it returns at once.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// --- TMA -----------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)map) : "memory");
+}
+// The box of `map` at (inner, outer) -> shared memory at dst; completes `bytes` on `bar`.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inner, int outer, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"((u64)map), "r"(inner), "r"(outer), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// --- wgmma ---------------------------------------------------------------------------------
+// Descriptor of a K-major, 128B-swizzled operand at shared address `addr`: leading byte offset
+// 16 (unused by this layout, 1 by convention), stride byte offset 1024 (8 rows x 128 bytes
+// between core-matrix groups), layout type 1 = 128B swizzle in bits 62-63. Advancing K by 32
+// e4m3 values inside the 128-byte row adds 32 bytes to the address.
+__device__ __forceinline__ u64 wgmma_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across a wgmma wait.
+__device__ __forceinline__ void fence_regs(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d (+)= A . B^T for a 64 x 128 x 32 step, A [64 rows, 32 K] and B [128 rows, 32 K] in shared
+// memory through their descriptors; accumulate = 0 overwrites d. Fragment of thread t of the
+// warpgroup (warp w = t / 32, lane l = t % 32), register i in 0..63:
+//   row 16 w + l / 4 + 8 ((i / 2) % 2),  column 8 (i / 4) + 2 (l % 4) + i % 2.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// --- clusters (a CTA pair sharing loads through TMA multicast) --------------------------------
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster that has not exited arrives and waits (release / acquire): orders
+// barrier initialization before remote use, and keeps a CTA alive while its peer may still
+// signal its barriers.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// One arrival on the barrier at this CTA's shared address `bar` in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+// The box of `map` at (inner, outer) -> shared address dst in every CTA of cta_mask, each CTA's
+// barrier at `bar`'s offset receiving the bytes it got.
+__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TmaMap* map, int inner, int outer, u64* bar,
+                                                      u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"((u64)map), "r"(inner), "r"(outer), "r"(smem_u32(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// d (+)= A . B^T for a 64 x 64 x 32 step (the m64n128 fragment restricted to 8 n8 blocks):
+// register i in 0..31 at row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2.
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}

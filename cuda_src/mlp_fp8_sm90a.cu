@@ -1,0 +1,411 @@
+// minimax_h3_mlp_fp8 on Hopper (sm_90a): the FC1 and FC2 GEMMs on wgmma (e4m3) fed by TMA, and
+// the per-token quantization of y between them. Same functions as cuda_src/mlp_fp8.cu:
+//   FC1: y[m, c] = bf16(bf16(silu(h_gate)) * h_up),  h = bf16((acc * a_scale[m]) * w1_scale[j])
+//   y quantization: y_scale[m] = RN(amax_c |y[m, c]| / 448),  y_q = e4m3(RN(y / y_scale)) (0 where
+//     y_scale is not positive), bitwise as mlp_fp8.cu's producer warps
+//   FC2: o = bf16((acc * y_scale[m]) * w2_scale[j]),  out = bf16(residual + bf16(gate[i] * o)),
+//     out = residual on rows whose adaln_index is out of range
+// acc is an FP32 sum of exact e4m3 products, formed as below.
+//
+// The GEMM CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads
+// issues the TMA loads of a STAGES-deep ring of K slices (BM rows of A and BN rows of B, 128
+// bytes of K each, 128B-swizzled); warpgroups 1 and 2 take the registers and each computes
+// 64 rows x BN columns of the BM x BN output tile with wgmma. full[s] completes when a slice
+// has landed (TMA transaction count), empty[s] when all 8 consumer warps are done reading it.
+// A persistent grid walks the tiles in bands of GROUP_M m-tiles (m fastest inside a band) so
+// that the tiles in flight share their A and B slices in L2; the loads run ahead across tile
+// boundaries, so the next tile's first slices arrive while the epilogue of this one runs.
+//
+// Accumulation: the e4m3 wgmma keeps fewer bits than FP32 when it accumulates in the tensor
+// core over a long K. Each 128-wide K slice is therefore summed in the tensor core into a
+// zeroed partial (4 k32 steps), and the partial is added to FP32 registers ("promotion"), so
+// no more than 128 products ever meet inside the tensor core. A consumer's 64 x 256 output is
+// done per slice as four 64 x 64 quarters with two 32-register partials in turn (PROMOTE_N64 1:
+// one quarter's additions overlap the next quarter's wgmmas), or as two 64 x 128 halves with
+// one 64-register partial, each waited for (PROMOTE_N64 0). Both give the same bits; either way
+// 64 registers of partials sit beside the 128 FP32 sums.
+//
+// Measurement builds (bench/hopper_mlp.py, bench/hopper_debug.py; never the launch layer's):
+//   DBG_RAW_ACC     FC1 stores its FP32 sums themselves, [M, FC1_OUT] floats at y
+//   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
+//                   and the error without promotion
+//   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
+#include "hopper_common.cuh"
+
+// From h3kernels/_launch/mlp_fp8_sm90a.py (NVRTC -D), which explains each value.
+#if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
+    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
+    !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64)
+#error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
+#endif
+#if BM != 128 || BN != 256 || BK != 128
+#error "the warpgroup roles below assume 128 x 256 output tiles and 128-byte K slices"
+#endif
+#if HIDDEN % BK != 0 || FFN % BK != 0 || FC1_OUT % BN != 0 || HIDDEN % BN != 0 || FFN % (8 * QUANT_THREADS) != 0
+#error "the sizes must be whole numbers of tiles"
+#endif
+
+#if CLUSTER_M != 1 && CLUSTER_M != 2
+#error "CLUSTER_M is 1 or 2"
+#endif
+#if CLUSTER_M == 2
+#define GEMM_CLUSTER __cluster_dims__(2, 1, 1)
+#else
+#define GEMM_CLUSTER
+#endif
+#define GEMM_THREADS 384  // 3 warpgroups
+#define A_BYTES (BM * BK)
+#define STAGE_BYTES ((BM + BN) * BK)
+#define CONSUMER_WARPS 8
+#define HALF_N 128  // columns of one wgmma
+
+// The tile at position `tile` of the persistent walk (as mlp_fp8.cu's tile_origin).
+__device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, int& m0, int& n0) {
+  const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
+  const int band_m = min(GROUP_M, m_tiles - first_m);
+  const int in_band = tile - band * GROUP_M * n_tiles;
+  m0 = (first_m + in_band % band_m) * BM;
+  n0 = (in_band / band_m) * BN;
+}
+
+// Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
+// in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,
+// acc[h][i] in the wgmma fragment layout of half h (hopper_common.cuh). The epilogue must not
+// touch shared memory.
+//
+// With CLUSTER_M = 2 the CTAs run in pairs (a cluster) on vertically adjacent tiles with the
+// same B columns: each loads its own A and half of the B slice, multicast to both, so a pair
+// reads B from L2 once. A stage of either CTA is then written by both producers, so its empty
+// barrier counts the consumer warps of both CTAs before either producer refills it.
+template <int K, class Epilogue>
+__device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
+                                           Epilogue epilogue) {
+  extern __shared__ u8 smem_raw[];
+  __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
+  const int wg = threadIdx.x >> 7;
+  const int m_tiles = (M + BM - 1) / BM;
+  // the walk is over groups of CLUSTER_M vertically adjacent tiles; a group's CTAs take one tile each
+  const int groups_m = (m_tiles + CLUSTER_M - 1) / CLUSTER_M, tiles = groups_m * n_tiles;
+  const int group0 = blockIdx.x / CLUSTER_M, group_step = gridDim.x / CLUSTER_M;
+#if CLUSTER_M == 2
+  const u32 rank = cluster_rank();
+#else
+  const u32 rank = 0;
+#endif
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMER_WARPS * CLUSTER_M);
+    }
+    mbar_init_fence();
+  }
+#if CLUSTER_M == 2
+  cluster_sync();  // the peer's barriers exist before anything signals them
+#else
+  __syncthreads();
+#endif
+
+  if (wg == 0) {
+#ifndef DBG_NO_REGS
+    regs_dealloc<PRODUCER_REGS>();
+#endif
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(map_a);
+      tma_prefetch_map(map_b);
+      int stage = 0;
+      u32 phase = 0;
+      for (int tile = group0; tile < tiles; tile += group_step) {
+        int m0, n0;
+        tile_origin(tile, groups_m, n_tiles, m0, n0);
+        m0 = m0 * CLUSTER_M + rank * BM;
+#pragma unroll 1
+        for (int kb = 0; kb < K / BK; ++kb) {
+          mbar_wait(&empty[stage], phase ^ 1);
+#ifdef DBG_NO_TMA
+          mbar_arrive(&full[stage]);
+#else
+          // a tile wholly past M (the second of a pair, M odd in tiles) loads no A: its rows are
+          // never stored, and its CTA still loads its half of B for the peer
+          mbar_arrive_expect_tx(&full[stage], m0 < M ? STAGE_BYTES : STAGE_BYTES - A_BYTES);
+          const u32 dst = base + stage * STAGE_BYTES;
+          if (m0 < M) tma_load_2d(dst, map_a, kb * BK, m0, &full[stage]);
+#if CLUSTER_M == 2
+          tma_load_2d_multicast(dst + A_BYTES + rank * (BN / 2) * BK, map_b, kb * BK, n0 + rank * (BN / 2),
+                                &full[stage], (u16)3);
+#else
+          tma_load_2d(dst + A_BYTES, map_b, kb * BK, n0, &full[stage]);
+#endif
+#endif
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+#ifndef DBG_NO_REGS
+    regs_alloc<CONSUMER_REGS>();
+#endif
+    const int consumer = wg - 1, lane = threadIdx.x & 31;
+    int stage = 0;
+    u32 phase = 0;
+#if PROMOTE_N64
+    // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
+    // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
+    float part[2][32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
+#else
+    float part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i] = 0.f;
+#endif
+    for (int tile = group0; tile < tiles; tile += group_step) {
+      int m0, n0;
+      tile_origin(tile, groups_m, n_tiles, m0, n0);
+      m0 = m0 * CLUSTER_M + rank * BM;
+      float acc[2][64];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+#pragma unroll 1
+      for (int kb = 0; kb < K / BK; ++kb) {
+        mbar_wait(&full[stage], phase);
+        const u32 a = base + stage * STAGE_BYTES + consumer * 64 * BK;
+        const u32 b = base + stage * STAGE_BYTES + A_BYTES;
+#if PROMOTE_N64
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k)
+            wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc(a + 32 * k), wgmma_desc(b + q * 64 * BK + 32 * k), k);
+          wgmma_commit();
+          wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
+          const int pq = (q + 3) & 3;  // its quarter
+          if (q > 0 || kb > 0) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+              fence_regs(part[pq & 1][i]);
+              acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
+            }
+          }
+          if (q == 0 && kb > 0 && lane == 0) {  // the previous slice's last quarter is done: free its stage
+            const int prev = stage == 0 ? STAGES - 1 : stage - 1;
+#if CLUSTER_M == 2
+            mbar_arrive_cluster(&empty[prev], 0);
+            mbar_arrive_cluster(&empty[prev], 1);
+#else
+            mbar_arrive(&empty[prev]);
+#endif
+          }
+        }
+        if (kb == K / BK - 1) {  // the tile's last quarter
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            fence_regs(part[1][i]);
+            acc[1][32 + i] += part[1][i];
+          }
+        } else {
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
+#elif defined(DBG_NO_PROMOTE)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k)
+            wgmma_m64n128k32_e4m3(acc[h], wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous slice is done: free its stage
+        if (kb > 0 && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
+        if (kb == K / BK - 1) {
+          wgmma_wait<0>();
+        } else {
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
+#else
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#ifndef DBG_NO_MMA
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < BK / 32; ++k)
+            wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), k);
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 64; ++i) {
+            fence_regs(part[i]);  // the additions read part only after the wait
+            acc[h][i] += part[i];
+          }
+#endif
+        }
+#endif
+        if (lane == 0) {
+#if CLUSTER_M == 2
+          mbar_arrive_cluster(&empty[stage], 0);
+          mbar_arrive_cluster(&empty[stage], 1);
+#else
+          mbar_arrive(&empty[stage]);
+#endif
+        }
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      epilogue(acc, m0 + 64 * consumer, n0);
+    }
+  }
+#if CLUSTER_M == 2
+  cluster_sync();  // the peer may still arrive on this CTA's empty barriers until it is done
+#endif
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// Thread t of a consumer warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per
+// half h and n8 block j, columns 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e].
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
+    h3_mlp_fc1_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_w1,
+                     const float* __restrict__ a_scale, const float* __restrict__ w1_scale, u16* __restrict__ y,
+                     int M) {
+  // n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the prepacked
+  // row order), so one thread holds both operands of each SwiGLU.
+  wgmma_gemm<HIDDEN>(&map_a, &map_w1, M, FC1_OUT / BN, [&](const float (&acc)[2][64], int r0, int n0) {
+    const int t = threadIdx.x & 127;
+    const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
+#ifdef DBG_RAW_ACC  // the FP32 sums themselves, [M, FC1_OUT] floats at y, to measure their error
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int row = row0 + 8 * ((i >> 1) & 1), col = col0 + h * HALF_N + 8 * (i >> 2) + (i & 1);
+        if (row < M) reinterpret_cast<float*>(y)[(i64)row * FC1_OUT + col] = acc[h][i];
+      }
+    return;
+#endif
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int row = row0 + 8 * rh;
+      if (row >= M) continue;
+      const float sa = a_scale[row];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < HALF_N / 8; j += 2) {
+          const int pg = col0 + h * HALF_N + 8 * j;  // prepacked gate column (even, pg % 16 < 8)
+          u32 packed = 0;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float hg = round_bf16((acc[h][4 * j + 2 * rh + e] * sa) * w1_scale[pg + e]);
+            const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa) * w1_scale[pg + 8 + e]);
+            packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
+          }
+          const int logical = (pg / 16) * 8 + (pg % 8);  // y column of pg
+          *reinterpret_cast<u32*>(y + (i64)row * FFN + logical) = packed;
+        }
+    }
+  });
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
+    h3_mlp_fc2_wgmma(const __grid_constant__ TmaMap map_y_q, const __grid_constant__ TmaMap map_w2,
+                     const float* __restrict__ y_scale, const float* __restrict__ w2_scale,
+                     const u16* __restrict__ gate, i64 gate_stride, i64 gate_rows, const i64* __restrict__ adaln_index,
+                     const u16* residual, u16* out, int M) {
+  wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, [&](const float (&acc)[2][64], int r0, int n0) {
+    const int t = threadIdx.x & 127;
+    const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int row = row0 + 8 * rh;
+      if (row >= M) continue;
+      const float sy = y_scale[row];
+      const i64 idx = adaln_index[row];
+      const bool guarded = idx < 0 || idx >= gate_rows;
+      const u16* gate_row = gate + (guarded ? 0 : idx) * gate_stride;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < HALF_N / 8; ++j) {
+          const int col = col0 + h * HALF_N + 8 * j;
+          const i64 at = (i64)row * HIDDEN + col;
+          const u32 res = *reinterpret_cast<const u32*>(residual + at);  // read before out (may alias) is written
+          u32 packed = res;
+          if (!guarded) {
+            packed = 0;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float o = round_bf16((acc[h][4 * j + 2 * rh + e] * sy) * w2_scale[col + e]);
+              const float go = round_bf16(f32_from_bf16(gate_row[col + e]) * o);
+              packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res >> (16 * e))) + go) << (16 * e);
+            }
+          }
+          *reinterpret_cast<u32*>(out + at) = packed;
+        }
+    }
+  });
+}
+
+// --- y quantization: one CTA per row, the row held in registers between its amax and its
+// quantization. The arithmetic is mlp_fp8.cu's produce_y_q (max of the bf16 magnitudes' bits,
+// one IEEE division by 448, one per element), so y_q and y_scale are bitwise the same.
+
+// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
+// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
+__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
+
+__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
+  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
+  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
+  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
+  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
+}
+
+#define QUANT_VECS (FFN / 8 / QUANT_THREADS)  // 16-byte vectors of y per thread
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS)
+    h3_mlp_y_quant(const u16* __restrict__ y, u8* __restrict__ y_q, float* __restrict__ y_scale) {
+  __shared__ u32 warp_max[QUANT_THREADS / 32];
+  const i64 row = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(y + row * FFN) + threadIdx.x;
+  uint4 v[QUANT_VECS];
+  u32 m = 0;
+#pragma unroll
+  for (int i = 0; i < QUANT_VECS; ++i) v[i] = __ldg(src + i * QUANT_THREADS);
+#pragma unroll
+  for (int i = 0; i < QUANT_VECS; ++i) {
+    m = abs_max2(abs_max2(m, v[i].x), v[i].y);
+    m = abs_max2(abs_max2(m, v[i].z), v[i].w);
+  }
+  m = max(m & 0xFFFFu, m >> 16);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < QUANT_THREADS / 32; ++w) m = max(m, warp_max[w]);
+  const float s = __fdiv_rn(f32_from_bf16((u16)m), 448.f);
+  if (threadIdx.x == 0) y_scale[row] = s;
+  uint2* dst = reinterpret_cast<uint2*>(y_q + row * FFN) + threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < QUANT_VECS; ++i)
+    dst[i * QUANT_THREADS] = make_uint2(e4m3x4_from_bf16x4(v[i].x, v[i].y, s), e4m3x4_from_bf16x4(v[i].z, v[i].w, s));
+}

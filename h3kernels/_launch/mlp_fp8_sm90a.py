@@ -1,0 +1,161 @@
+"""The Hopper launches of minimax_h3_mlp_fp8 (mma form 3, sm_90a): the FC1 and FC2 GEMMs of
+cuda_src/mlp_fp8_sm90a.cu on wgmma with TMA loads, and its y quantization kernel, with every
+constant of that source and the TMA tensor maps the GEMMs take.
+
+A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
+both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
+"""
+import ctypes
+import functools
+import struct
+
+import numpy as np
+
+from h3kernels._runtime import compiler, launcher
+from h3kernels._runtime.arrays import data_ptr, strides_elems
+from h3kernels._runtime.targets import sm_count
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN
+
+ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
+ARCHS = (ARCH,)  # what compile_check builds this source for
+FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
+
+# cuda_src/mlp_fp8_sm90a.cu, built with exactly these (defines()):
+BM = 128  # rows of an output tile: 2 consumer warpgroups x 64
+BN = 256  # columns of an output tile (FC1: prepacked, 128 logical y columns); FFN and HIDDEN are multiples
+BK = 128  # bytes of K per ring stage: one 128B-swizzled row, and the K span summed inside the tensor core
+STAGES = 4  # TMA ring depth: 4 x 48 KiB
+GROUP_M = 16  # tile groups per band of the persistent walk, so the tiles in flight share L2 operands
+CLUSTER_M = 1  # CTAs per cluster; 2: pairs on vertically adjacent tiles, each loading half of B for both
+# (multicast): correct, but 30% slower on the H200 (docs/hopper.md)
+PROMOTE_N64 = 1  # 1: four 64-column partials in turn per slice, 0: two 128-column partials, one at a time
+PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
+CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
+# (24 x 128 + 240 x 256 = 64512 of the SM's 65536; 232 spilled a few bytes with PROMOTE_N64)
+QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
+GEMM_THREADS = 384
+SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
+DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
+
+FC1_PARAMS = ("u64",) * 3 + ("i32",)  # after the two maps: a_scale, w1_scale, y, M
+FC2_PARAMS = ("u64",) * 3 + ("i64", "i64") + ("u64",) * 3 + ("i32",)  # y_scale, w2_scale, gate, its stride
+# and rows, adaln_index, residual, out, M
+QUANT_PARAMS = ("u64",) * 3  # y, y_q, y_scale
+
+
+def defines(arch=ARCH, form=FORM, **variant):
+    """The -D constants of cuda_src/mlp_fp8_sm90a.cu (one build: sm_90a, form 3); `variant`
+    overrides some (bench/hopper_mlp.py compares builds)."""
+    d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
+             PRODUCER_REGS=PRODUCER_REGS,
+             CONSUMER_REGS=CONSUMER_REGS, QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
+    d.update(variant)
+    return d
+
+
+class MapKernel:
+    """A kernel whose first `maps` parameters are 128-byte tensor maps passed by value
+    (__grid_constant__), then `params` as in launcher.Kernel. It launches with the driver's
+    array of parameter addresses (kernelParams), each pointing into one packed buffer: a single
+    packed buffer (CU_LAUNCH_PARAM_BUFFER_POINTER) was misread for these kernels on the H200
+    (every parameter wrong), while per-parameter addresses are what by-value maps were verified
+    with."""
+
+    def __init__(self, kernel, maps, params):
+        from cupy_backends.cuda.api import driver
+
+        self.kernel = kernel
+        fmt = "<" + "128s" * maps + launcher.pack_format(params)[1:]  # the maps end 64-byte aligned: same padding
+        self._struct = struct.Struct(fmt)
+        self._buf = np.zeros(self._struct.size + 64, np.uint8)
+        offsets, off = [], 0
+        for code in ["128s"] * maps + [launcher.PARAM_CODES[p] for p in params]:
+            size = struct.calcsize("<" + code)
+            off += -off % min(size, 8)
+            offsets.append(off)
+            off += size
+        self._addrs = np.array([self._buf.ctypes.data + o for o in offsets], np.uint64)
+        self._launch = driver.launchKernel
+        self._lock = kernel._lock
+
+    def launch(self, stream_ptr, grid, block, values):
+        k = self.kernel
+        with self._lock:
+            self._struct.pack_into(self._buf, 0, *values)
+            self._launch(k.ptr, grid[0], 1, 1, block, 1, 1, k.smem, stream_ptr, self._addrs.ctypes.data, 0)
+
+
+_kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, SMs, CLUSTER_M)
+
+
+def kernels(device_id, variant=()):
+    """The three kernels on a device; `variant`: sorted (name, value) pairs overriding defines()."""
+    g = _kernels.get((device_id, variant))
+    if g is None:
+        d = defines(**dict(variant))
+        ident = ("nvrtc", "mlp_fp8_sm90a", tuple(sorted(d.items())))
+        image = lambda: compiler.compile_cubin("mlp_fp8_sm90a", ARCH, d)[0]  # noqa: E731
+
+        def load(name, params, smem=0):
+            return compiler.load_kernel(ident, image, name, device_id, params, smem)
+
+        fc1 = MapKernel(load("h3_mlp_fc1_wgmma", None, SMEM_BYTES), 2, FC1_PARAMS)
+        fc2 = MapKernel(load("h3_mlp_fc2_wgmma", None, SMEM_BYTES), 2, FC2_PARAMS)
+        quant = load("h3_mlp_y_quant", QUANT_PARAMS)
+        g = _kernels[(device_id, variant)] = (fc1, fc2, quant, sm_count(device_id), d["CLUSTER_M"])
+    return g
+
+
+def grid(m, n_tiles, sms, cluster):
+    """CTAs of a persistent GEMM: whole clusters, at most one CTA per SM, no more than the tiles."""
+    groups = -(-(-(-m // BM)) // cluster) * n_tiles
+    return cluster * min(groups, sms // cluster)
+
+
+@functools.lru_cache(maxsize=512)
+def _tensor_map(address, rows, pitch, box_rows):
+    """The 128 bytes of a TMA map of an e4m3 matrix [rows, pitch] (row-major, pitch bytes per
+    row) at `address`: boxes of box_rows x 128 bytes, 128B swizzle, rows past the end read as
+    zeros. The bytes depend only on these arguments, so they are cached on them."""
+    from cuda.bindings import driver as cu
+
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
+        [cu.cuuint64_t(pitch), cu.cuuint64_t(rows)], [cu.cuuint64_t(pitch)],
+        [cu.cuuint32_t(BK), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err} (address {address:#x}, rows {rows}, pitch {pitch})")
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=()):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
+    Arguments are addresses."""
+    fc1, _, _, sms, cluster = kernels(call.device_id, variant)
+    maps = (_tensor_map(a_q, m, HIDDEN, BM), _tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
+    fc1.launch(call.stream_ptr, (grid(m, FC1_OUT // BN, sms, cluster), 1), GEMM_THREADS,
+               (*maps, a_scale, w1_scale, y, m))
+
+
+def launch_y_quant(call, m, y, y_q, y_scale, variant=()):
+    """y_q, y_scale <- the per-token e4m3 quantization of y (addresses), one CTA per row."""
+    kernels(call.device_id, variant)[2].launch(call.stream_ptr, (m, 1), QUANT_THREADS, (y, y_q, y_scale))
+
+
+def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=()):
+    """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
+    and rows are parameters); the rest are addresses."""
+    _, fc2, _, sms, cluster = kernels(call.device_id, variant)
+    maps = (_tensor_map(y_q, m, FFN, BM), _tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
+    fc2.launch(call.stream_ptr, (grid(m, HIDDEN // BN, sms, cluster), 1), GEMM_THREADS,
+               (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
+                residual, out, m))
+
+
+def launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=()):
+    """y_q, y_scale <- quantize(y), then out <- residual + gate * FC2(y_q), on the call's stream."""
+    launch_y_quant(call, m, y, y_q, y_scale, variant)
+    launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant)

@@ -1,0 +1,187 @@
+"""The MLP's wgmma family (fp8_mma_form 3, cuda_src/mlp_fp8_sm90a.cu): its build (no GPU), the
+form selection, the launch parameters, and (GPU, compute capability 9.0) its results.
+
+Its tensor cores sum at most 128 products before an FP32 addition, so y and out are not the
+mma.sync forms' bits; they are held to the stage bounds with that error term (docs/hopper.md):
+a_q, a_scale, y_q (from the kernel's own y) and y_scale bitwise; y within a per-element bound
+propagated from test_mlp_fp8's ACC_BOUND (8.0e-5 of sum |a_k w_k|; the measured accumulation
+error is 2.0e-5 at most); the end-to-end error at most 1.02x form 0's."""
+import pytest
+
+from h3kernels._launch import mlp_fp8_sm90a as hopper
+from h3kernels._runtime import compiler, launcher, targets
+from h3kernels.cli import compile_check
+from h3kernels.testing.checks import ACC_BOUND
+
+
+def test_builds_for_sm90a_without_spills_or_serialized_wgmma(capsys):
+    assert compile_check.check(("sm_90",), ["mlp_fp8_sm90a"])["ok"]
+    out = capsys.readouterr().out
+    assert "sm_90a" in out and "h3_mlp_fc1_wgmma" in out and "h3_mlp_fc2_wgmma" in out and "h3_mlp_y_quant" in out
+
+
+def test_build_without_its_constants_stops():
+    with pytest.raises(compiler.CompileError, match="-D constants"):
+        compiler.compile_cubin("mlp_fp8_sm90a", "sm_90a", {}, use_cache=False)
+
+
+def test_map_parameters_sit_where_the_entry_expects_them():
+    """Two 64-byte-aligned 128-byte maps, then the pointers and sizes at natural alignment."""
+
+    class Loaded:
+        _lock = None
+
+    fc1 = hopper.MapKernel(Loaded(), 2, hopper.FC1_PARAMS)
+    assert list(fc1._addrs - fc1._addrs[0]) == [0, 128, 256, 264, 272, 280]
+    fc2 = hopper.MapKernel(Loaded(), 2, hopper.FC2_PARAMS)
+    assert list(fc2._addrs - fc2._addrs[0]) == [0, 128, 256, 264, 272, 280, 288, 296, 304, 312, 320]
+    assert launcher.pack_format(hopper.QUANT_PARAMS) == "<QQQ"
+
+
+def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles():
+    assert hopper.grid(16384, 112, 132, 1) == 132
+    assert hopper.grid(1, 21, 132, 1) == 21
+    assert hopper.grid(1, 112, 132, 2) == 132  # one pair of m-tiles x 112 columns
+    assert hopper.grid(129, 21, 132, 2) == 42
+    assert hopper.grid(16384, 21, 131, 2) == 130
+
+
+@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
+                                                 ("sm_120a", 0, 0), ("sm_89", -1, 0)])
+def test_mlp_form_selection(monkeypatch, arch, requested, want):
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
+    monkeypatch.setattr(targets, "board_form", lambda device_id: 0)
+    assert targets.mlp_mma_form(0, requested) == want
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
+def test_form_3_needs_sm90a(monkeypatch, arch):
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
+    with pytest.raises(ValueError, match="fp8_mma_form.*form 3 needs sm_90a"):
+        targets.mlp_mma_form(0, 3)
+    with pytest.raises(ValueError, match="fp8_mma_form"):
+        targets.mlp_mma_form(0, True)
+
+
+# ACC_BOUND: the bound on |sum - exact sum| per element, in units of sum |a_k w_k|, of an FP32
+# sum in any order. The wgmma family's measured error is 2.0e-5 at most (docs/hopper.md), inside it.
+HALF_ULP = 2.0 ** -8  # bf16 rounding, relative
+SILU_LIPSCHITZ = 1.1  # max |silu'| is 1.0998
+
+
+def y_error_bound(acc_bound, a_q, a_scale, w1_q, w1_scale):
+    """Per-element bound on |y - s u| (s = silu(h_gate), u = h_up, both from exact sums, logical
+    columns) when the sums are off by at most acc_bound * sum |a_k w_k| and each of y's four bf16
+    roundings is off by half an ulp. In absolute terms, so that it holds where y changes sign (an
+    ulp distance across zero spans the exponent range: test_mlp_fp8's ulp propagation assumes
+    errors far smaller than the wgmma family's)."""
+    import torch
+
+    from h3kernels import reference as R
+    from h3kernels.constants import FFN
+
+    order = R.minimax_h3_fc1_row_order(a_q.device)
+    f64 = torch.float64
+    scale = a_scale.to(f64)[:, None] * w1_scale.to(f64)[None, :]
+    h = torch.empty(a_q.shape[0], w1_q.shape[0], dtype=f64, device=a_q.device)
+    e = torch.empty_like(h)
+    h[:, order] = (a_q.to(f64) @ w1_q.to(f64).T) * scale
+    e[:, order] = acc_bound * (a_q.to(f64).abs() @ w1_q.to(f64).abs().T) * scale
+    g, u = h[:, :FFN], h[:, FFN:]
+    eg = e[:, :FFN] + HALF_ULP * (g.abs() + e[:, :FFN])
+    eu = e[:, FFN:] + HALF_ULP * (u.abs() + e[:, FFN:])
+    s = g * torch.sigmoid(g)
+    es = SILU_LIPSCHITZ * eg
+    es = es + HALF_ULP * (s.abs() + es)
+    return s * u, es * (u.abs() + eu) + s.abs() * eu + HALF_ULP * (s.abs() + es) * (u.abs() + eu)
+
+
+def assert_y_within_accumulation_bound(a_q, a_scale, w1_q, w1_scale, y):
+    """Every y element within the bound of y_error_bound(ACC_BOUND) from the exact s u, and the
+    reference within y_error_bound(0); returns the fraction more than 1 ulp from the reference
+    (reported, not bounded: about 3% for this family)."""
+    import torch
+
+    from h3kernels import reference as R
+    from h3kernels.testing.checks import bf16_ulps
+
+    exact, bound = y_error_bound(ACC_BOUND, a_q, a_scale, w1_q, w1_scale)
+    err = (y.to(torch.float64) - exact).abs()
+    bad = err > bound
+    assert not bad.any(), [(i, j, float(err[i, j]), float(bound[i, j])) for i, j in bad.nonzero()[:5].tolist()]
+    want = R.fc1_swiglu(a_q, a_scale, w1_q, w1_scale)
+    assert not ((want.to(torch.float64) - exact).abs() > y_error_bound(0.0, a_q, a_scale, w1_q, w1_scale)[1]).any()
+    return float((bf16_ulps(y, want) > 1).float().mean())
+
+
+def _hopper():
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 129, 3000])
+def test_form_3_against_the_reference_and_form_0(m):
+    if not _hopper():
+        pytest.skip("needs compute capability 9.0")
+    import torch
+
+    import h3kernels
+    from h3kernels import reference as R
+    from h3kernels.testing.checks import rel_l2
+    from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
+    from h3kernels.testing.poison import poisoned_mlp_workspaces
+
+    gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, 50)
+    x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=m)
+    assert targets.mlp_mma_form(x.get_device()) == 0  # the family is opt-in: -1 keeps form 0
+    outs, wss = {}, {}
+    for form in (0, 3):
+        ws = poisoned_mlp_workspaces(m)
+        outs[form] = h3kernels.minimax_h3_mlp_fp8(x, wn, sc, sh, idx, gate, residual, q1, s1, q2, s2,
+                                                  fp8_mma_form=form, **ws)
+        wss[form] = ws
+    torch.cuda.synchronize()
+    ws = wss[3]
+    assert torch.equal(ws["workspace_a_q"].view(torch.uint8), wss[0]["workspace_a_q"].view(torch.uint8))
+    assert torch.equal(ws["workspace_a_scale"], wss[0]["workspace_a_scale"])
+    y = ws["workspace_y"]
+    assert torch.isfinite(y.float()).all()
+    y_q, y_s = R.quantize_rows(y)
+    assert torch.equal(ws["workspace_y_q"].view(torch.uint8), y_q.view(torch.uint8))
+    assert torch.equal(ws["workspace_y_scale"], y_s)
+    assert_y_within_accumulation_bound(ws["workspace_a_q"], ws["workspace_a_scale"], q1, s1, y)
+    valid = R.index_guard(idx, gate.shape[0])[1]
+    out = outs[3]
+    assert torch.equal(out[~valid].view(torch.int16), residual[~valid].view(torch.int16))
+    delta = R.mlp_exact_bf16(x, wn, sc, sh, idx, gate, w1, w2)
+    e0 = rel_l2(outs[0].float() - residual.float(), delta)
+    e3 = rel_l2(out.float() - residual.float(), delta)
+    assert e3 <= 1.02 * e0, (e3, e0)
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="the contract asks 99.9% of y within 1 bf16 ulp of the reference; the "
+                   "FP8 tensor cores add each k32 step's products with fewer bits than FP32, which leaves about 3% "
+                   "of y over 1 ulp (docs/hopper.md), so fp8_mma_form=3 is opt-in")
+def test_form_3_keeps_99p9_percent_of_y_within_1_ulp():
+    if not _hopper():
+        pytest.skip("needs compute capability 9.0")
+    import torch
+
+    import h3kernels
+    from h3kernels import reference as R
+    from h3kernels.testing.checks import bf16_ulps
+    from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
+    from h3kernels.testing.poison import poisoned_mlp_workspaces
+
+    m = 1024
+    gate, residual, _, _, q1, s1, q2, s2 = make_mlp_weights(m, 50)
+    x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=11)
+    ws = poisoned_mlp_workspaces(m)
+    h3kernels.minimax_h3_mlp_fp8(x, wn, sc, sh, idx, gate, residual, q1, s1, q2, s2, fp8_mma_form=3, **ws)
+    torch.cuda.synchronize()
+    want = R.fc1_swiglu(ws["workspace_a_q"], ws["workspace_a_scale"], q1, s1)
+    over = float((bf16_ulps(ws["workspace_y"], want) > 1).float().mean())
+    assert over <= 1e-3, over
