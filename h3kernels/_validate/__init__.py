@@ -155,11 +155,18 @@ def _device_key(a):
 
 def span(a):
     """[first byte, one past the last byte) of the memory a's elements occupy; None if it has none."""
-    if any(n == 0 for n in a.shape):
+    shape = tuple(a.shape)
+    if 0 in shape:
         return None
-    itemsize = a.element_size() if adapter.kind_of(a) == "torch" else a.itemsize
-    lo = adapter.data_ptr(a)
-    return lo, lo + itemsize * (1 + sum((n - 1) * s for n, s in zip(a.shape, adapter.strides_elems(a))))
+    if adapter.kind_of(a) == "torch":
+        itemsize, lo, strides = a.element_size(), a.data_ptr(), a.stride()
+    else:
+        itemsize, lo = a.itemsize, a.data.ptr
+        strides = [s // itemsize for s in a.strides]
+    last = 0
+    for n, st in zip(shape, strides):
+        last += (n - 1) * st
+    return lo, lo + itemsize * (1 + last)
 
 
 def no_overlap(written, read, may_alias=()):
@@ -167,16 +174,23 @@ def no_overlap(written, read, may_alias=()):
     except pairs (written, other) of `may_alias`, which may be exactly the same array (the MLP
     epilogue reads a residual element before it writes that element). Arrays on different
     devices never overlap."""
+    if not written:
+        return
+    # each span once: this runs on every call that passes an output or a workspace
+    spans = {name: span(a) for name, a in {**written, **read}.items()}
     everything = {**written, **read}
     for wn, w in written.items():
-        ws = span(w)
-        for other, o in everything.items():
-            os_ = span(o)
-            if other == wn or ws is None or os_ is None or _device_key(o) != _device_key(w):
+        ws = spans[wn]
+        if ws is None:
+            continue
+        for other, os_ in spans.items():
+            if other == wn or os_ is None or not (ws[0] < os_[1] and os_[0] < ws[1]):
                 continue
-            if ws[0] < os_[1] and os_[0] < ws[1]:
-                if (wn, other) in may_alias and ws == os_ and tuple(w.shape) == tuple(o.shape):
-                    continue
-                alias = sorted(b for a, b in may_alias if a == wn)
-                fail(wn, f"memory that overlaps {other}",
-                     "its own memory" + (f" ({wn} may be {' or '.join(alias)})" if alias else ""))
+            o = everything[other]
+            if _device_key(o) != _device_key(w):
+                continue
+            if (wn, other) in may_alias and ws == os_ and tuple(w.shape) == tuple(o.shape):
+                continue
+            alias = sorted(b for a, b in may_alias if a == wn)
+            fail(wn, f"memory that overlaps {other}",
+                 "its own memory" + (f" ({wn} may be {' or '.join(alias)})" if alias else ""))
