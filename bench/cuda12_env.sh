@@ -18,6 +18,7 @@
 # loaded RTLD_LOCAL so that torch's own symbols still bind to its CUDA 13 libraries.
 set -euo pipefail
 parts=${1:?usage: bench/cuda12_env.sh PARTS_DIR [TARGET]}
+parts=$(cd "$parts" && pwd)  # absolute: the checksums are checked from inside the wheels' directory
 target=${2:-/tmp/h3kernels-cuda12}
 python=${PYTHON:-python3}
 
@@ -25,7 +26,7 @@ wheels="$target.wheels"
 rm -rf "$target" "$wheels"
 mkdir -p "$target" "$wheels"
 cat "$parts"/part-* | tar -xf - -C "$wheels"
-(cd "$wheels" && sha256sum --quiet -c "$(cd "$parts" && pwd)/SHA256SUMS")
+(cd "$wheels" && sha256sum --quiet -c "$parts/SHA256SUMS")
 "$python" -m pip install --quiet --no-deps --no-index --target "$target" "$wheels"/*.whl
 
 cat > "$target/sitecustomize.py" <<'EOF'

@@ -156,15 +156,17 @@ def cache_key(name, options, backend=None):
     return h.hexdigest()[:32]
 
 
-def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=None):
-    """cuda_src/<name>.cu -> (cubin, log, cache key), through the disk cache."""
+def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=None, appended=""):
+    """cuda_src/<name>.cu -> (cubin, log, cache key), through the disk cache. `appended`: text
+    added after the source (uncached builds only)."""
     options = options_for(arch, defines, extra)
     key = cache_key(name, options, backend)
     path = cache_dir() / f"{name}-{arch}-{key}.cubin"
     if use_cache and path.is_file():
         return path.read_bytes(), "", key
+    assert not (use_cache and appended), "a cached build is the source as it is"
     main, headers = read_with_includes(name)
-    cubin, log = nvrtc(backend).compile(main, f"{name}.cu", headers, options)
+    cubin, log = nvrtc(backend).compile(main + appended, f"{name}.cu", headers, options)
     if use_cache:
         write_cache(path, cubin)
     return cubin, log, key

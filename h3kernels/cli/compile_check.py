@@ -135,10 +135,12 @@ def mma_instructions(cubin, tool):
 
 
 def _nonce():
-    """A define no source reads, new for every compilation: NVRTC 13.0 was seen (on the H200) to
-    return neither the ptxas report nor a cubin nvdisasm reads for a program it had already
-    compiled with the same options, in another process as well; the nonce makes each program new."""
-    return f"-DH3_COMPILE_CHECK_NONCE={secrets.randbits(63)}"
+    """A device variable no kernel reads, new for every compilation. NVRTC 13.0 on the H200 was
+    seen to return neither the ptxas report nor a cubin nvdisasm reads for a program that had
+    been compiled before with the same options, by another process as well, even with an unused
+    -D added; a variable changes the PTX itself, so each build is a new program."""
+    n = secrets.randbits(63)
+    return f"\n__device__ unsigned long long h3_compile_check_nonce = {n}ULL;\n"
 
 
 def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
@@ -164,8 +166,8 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         for arch in archs_for(name, archs):
             for form in compiler.MMA_FORMS[arch] if uses_mma else (0,):
                 try:
-                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v", _nonce()),
-                                                      use_cache=False)
+                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
+                                                           use_cache=False, appended=_nonce())
                 except compiler.CompileError as err:
                     failures.append(f"{name} {arch} form {form}: compile error")
                     print(err, file=out)
