@@ -398,6 +398,20 @@ def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
     return res
 
 
+@pytest.mark.gpu
+def test_every_form_gives_the_same_bits(seed):
+    """fp8_mma_form -1 and every form this board builds (0; and 2 on sm_120a) give the same bits."""
+    from h3kernels.peers import mma_ceiling
+
+    q, k, v, cu_dev, cu = make_attention_inputs([300, 0, 129, 64], 4, device="cuda", seed=seed)
+    forms = (-1,) + tuple(f for f in mma_ceiling.supported_forms() if f in (0, 2))
+    outs = [run_op(q, k, v, cu_dev, cu, fp8_mma_form=form) for form in forms]
+    torch.cuda.synchronize()
+    assert torch.isfinite(outs[0].float()).all()
+    for form, o in zip(forms[1:], outs[1:]):
+        assert same_bits(o, outs[0]), form
+
+
 def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=True):
     """Random inputs of that seed through the operator, within the settled bounds: rel L2 from the
     reference at most checks.reference_bound (0.005 for the rows of segments of one key block,
