@@ -92,6 +92,8 @@ def test_cuda_graph_replay_matches_eager(seed):
 
 
 @pytest.mark.gpu
+# the refused call leaves the capture with no work in it, and torch says so when it ends
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_capture_without_warm_up_is_refused_clearly(seed):
     att_in = attention_args([333, 5], 2, "cuda", seed)
     s = torch.cuda.Stream()
