@@ -26,7 +26,8 @@ THREADS = 256  # 8 warps x 16 query rows
 TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8": SMEM_BYTES}
-PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32")
+PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
+          "u64", "u64", "u64", "i32", "f32")  # then lse (0: not wanted), q, mu, tokens, softmax_scale
 
 LOG2E = 1.4426950408889634
 ALIGN = 256
@@ -116,9 +117,10 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     return out
 
 
-def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
-    """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream.
-    The call's device must be current."""
+def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
+    """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream,
+    and lse (f32 [heads, tokens]) <- the log-sum-exp of each row's true scores when given. The
+    call's device must be current."""
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
     f, max_ctas = attention_kernel(call.device_id, form)
@@ -137,8 +139,9 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
                 call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
                 data_ptr(cu_seqlens), cu_stride, block_offset, blocks, base):
             kern.launch(stream, grid, threads, values)
-        o_q8, o_k8, o_v8t, o_sq, o_sk, _, o_sv, _ = offsets
+        o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _ = offsets
         f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
-                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E))
+                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
+                  0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu, tokens, scale))
         ws.record(capturing)
