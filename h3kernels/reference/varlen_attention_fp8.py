@@ -29,7 +29,7 @@ def key_mean(ks):
     return div(total, ks.shape[0])
 
 
-def quantize_attention_inputs(q, k, v, cu_seqlens, k_mean=None, v_amax=None):
+def quantize_attention_inputs(q, k, v, cu_seqlens, k_mean=None, v_amax=None, k_scale=None):
     """Returns (q8, s_q, k8, s_k, v8, s_v) as docs/spec.md defines them.
 
     q8, k8, v8: e4m3 [tokens, heads, 128]; s_q: f32 [tokens, heads];
@@ -38,7 +38,8 @@ def quantize_attention_inputs(q, k, v, cu_seqlens, k_mean=None, v_amax=None):
     cu_seqlens: a tensor or a host sequence, unchecked.
     k_mean, v_amax: f32 [segments, heads, 128] given from outside (a segment spread over several
     ranks: its mean and |v| maximum over all of its keys), in place of this segment's own
-    key_mean and amax |v|.
+    key_mean and amax |v|; k_scale: f32 [tokens, heads], each key's K scale given (that of its
+    128-key block of the whole segment), in place of blocks from each segment's start here.
     """
     q8, s_q = quantize_rows(q)
     k8 = torch.empty_like(k, dtype=torch.float8_e4m3fn)
@@ -53,9 +54,12 @@ def quantize_attention_inputs(q, k, v, cu_seqlens, k_mean=None, v_amax=None):
         for blk in range(a, b, K_BLOCK):
             e = min(blk + K_BLOCK, b)
             part = kc[blk - a:e - a]  # [n, heads, 128]
-            s = div(part.abs().amax(dim=(0, 2)), E4M3_MAX)  # [heads]
+            if k_scale is None:
+                s = div(part.abs().amax(dim=(0, 2)), E4M3_MAX)[None].expand(e - blk, -1)  # [n, heads]
+            else:
+                s = k_scale[blk:e].to(F32)
             safe = torch.where(s > 0, s, torch.ones_like(s))
-            k8[blk:e] = e4m3(torch.where(s[None, :, None] > 0, part / safe[None, :, None], 0.0))
+            k8[blk:e] = e4m3(torch.where(s[:, :, None] > 0, part / safe[:, :, None], 0.0))
             s_k[blk:e] = s
         vs = v[a:b].to(F32)
         s = div(vs.abs().amax(dim=0) if v_amax is None else v_amax[i].to(F32), E4M3_MAX)  # [heads, 128]
@@ -111,13 +115,14 @@ def attention_fp8(q, k, v, cu_seqlens, softmax_scale=None, out=None, query_chunk
 
 
 def attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, k_mean=None, v_amax=None,
-                          out=None, query_chunk=1024, return_lse=True):
+                          k_scale=None, out=None, query_chunk=1024, return_lse=True):
     """Attention of the queries of segment i of q (rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1])
     to the keys and values of segment i of k, v (rows cu_seqlens_k[i] .. cu_seqlens_k[i + 1]),
     unchecked: the local step of ring attention, where a rank's queries meet another rank's
     key block and one segment's tokens are spread over ranks. k_mean and v_amax (f32 [segments,
-    heads, 128]) are the whole segment's key mean and amax |v| (an all-reduce over the ranks);
-    None: those of the keys given. Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q
+    heads, 128]) are the whole segment's key mean and amax |v| (an all-reduce over the ranks),
+    k_scale (f32 [k tokens, heads]) each key's scale on the whole segment's 128-key blocks; None:
+    those of the keys given. Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q
     tokens]) with lse of the true scores; rows whose segment has no keys here get out 0 and lse
     -inf (weight 0 in a merge). With cu_seqlens_q == cu_seqlens_k and no k_mean, v_amax it is
     attention_fp8 bit for bit."""
@@ -130,7 +135,7 @@ def attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=Non
     if q.shape[0]:
         means = segment_key_means(k, cu_seqlens_k) if k_mean is None and return_lse else k_mean
         q8, s_q = quantize_rows(q)
-        _, _, k8, s_k, v8, s_v = quantize_attention_inputs(q[:0], k, v, cu_seqlens_k, k_mean, v_amax)
+        _, _, k8, s_k, v8, s_v = quantize_attention_inputs(q[:0], k, v, cu_seqlens_k, k_mean, v_amax, k_scale)
         for i, ((qa, qb), (ka, kb)) in enumerate(zip(segs_q, segs_k)):
             if qa == qb:
                 continue

@@ -1,0 +1,28 @@
+"""The attention each rank runs on its share: the GPU operator on CUDA tensors, the reference
+(h3kernels.reference) elsewhere. Callers may give their own callables of the same forms (tests
+use the reference on the CPU; a peer kernel could be plugged in the same way)."""
+import torch
+
+from h3kernels import reference as R
+
+
+def default_attention(q, k, v, cu_seqlens, softmax_scale, return_lse):
+    """Packed-varlen attention of q, k, v [tokens, heads, 128] over the segments of cu_seqlens
+    (a tuple of ints): out, or (out, lse) with lse f32 [heads, tokens] of the true scores."""
+    if q.is_cuda:
+        from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8
+
+        cu_dev = torch.tensor(cu_seqlens, dtype=torch.int32, device=q.device)
+        return minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu_seqlens,
+                                               softmax_scale=softmax_scale, return_lse=return_lse)
+    return R.attention_fp8(q, k, v, cu_seqlens, softmax_scale, return_lse=return_lse)
+
+
+def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+    """Queries of segment i of q (cu_seqlens_q) against keys of segment i of k, v (cu_seqlens_k),
+    K centred on the given whole-segment mean k_mean and V scaled by the whole segment's v_amax
+    (f32 [segments, heads, 128]), each key's K scale k_scale (f32 [k tokens, heads]): (out bf16, lse f32 [heads, q tokens]), lse -inf and out 0 where
+    a segment has no keys here. The GPU kernel has no such form yet; on CUDA tensors this is the
+    reference, run by torch on the GPU (correct, not fast)."""
+    return R.attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean=k_mean, v_amax=v_amax,
+                                   k_scale=k_scale)
