@@ -83,6 +83,17 @@ def rank_cases(rank, world, seed):
         res[name] = got
     if world == 3:
         res["errors"] = error_cases(rank, world, seed)
+    if world == 2:  # a caller's own per-rank attention: it sees all tokens of half the heads
+        seen = []
+
+        def spy(q, k, v, cu, scale, want_lse):
+            seen.append((tuple(q.shape), tuple(cu), scale, want_lse))
+            return R.attention_fp8(q, k, v, cu, scale, return_lse=want_lse)
+
+        name, _, seqlens, heads, counts = CASES[2][0]
+        q, k, v, cu = inputs(seqlens, heads, seed)
+        ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+        res["spy"] = (parallel.ulysses_attention(ql, kl, vl, cu, local_attention=spy, softmax_scale=0.1), seen)
     return res
 
 
@@ -109,6 +120,19 @@ def test_ulysses_equals_single_process_bitwise(ranks):
         assert same_bits(out, want), name
         assert same_bits(lse, want_lse), name
         assert [r[name][0].shape[0] for r in results] == list(counts)
+
+
+def test_ulysses_runs_a_given_local_attention(ranks):
+    world, seed, results = ranks
+    if world != 2:
+        pytest.skip("runs in the 2-rank group")
+    name, _, seqlens, heads, counts = CASES[2][0]
+    q, k, v, cu = inputs(seqlens, heads, seed)
+    for r in results:
+        out, seen = r["spy"]
+        assert seen == [((sum(counts), heads // 2, 128), tuple(cu), 0.1, False)]
+    got = torch.cat([r["spy"][0] for r in results])
+    assert same_bits(got, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))
 
 
 RING_REL_L2 = {}
