@@ -23,7 +23,8 @@
 // accumulators into the A operand of O += P . V; l sums the unquantized 2^(S - m).
 // tests/test_varlen_attention_fp8.py emulates this file lane by lane in numpy.
 // With lse non-null, each written row's log-sum-exp of the true scores goes to lse [heads, tokens]
-// (write_lse): what merging partial attentions over several GPUs needs.
+// (row_lse and the epilogue): what merging partial attentions over several GPUs needs. out and q
+// carry no __restrict__: out may alias q, which the epilogue reads.
 #include "fp8_common.cuh"
 
 // The tile and thread constants come from h3kernels/_launch/varlen_attention_fp8.py (NVRTC -D),
@@ -89,44 +90,21 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
   }
 }
 
-// lse [heads, tokens] of the rows row0 and row1 (those before `end`): the natural log-sum-exp of
-// the true scores softmax_scale * q . k. The loop's scores are those of K - mu (mu: the segment's
-// key mean, the quantization passes' [segments, heads, 128] array), in log2 units: sum_k 2^S =
-// 2^m * l (l sums the unbiased 2^(S - m); P's 2^8 bias never enters l), so their lse is
-// (m + log2 l) * ln 2, and the shift adds back softmax_scale * q . mu. q . mu is taken from the
-// bf16 q: lane t of a row sums channels 32t .. 32t + 31 in order (fma), then the row's four
-// lanes add pairwise (t ^ 1, then t ^ 2); lane t = 0 writes.
-__device__ __forceinline__ void write_lse(float* __restrict__ lse, const u16* __restrict__ q,
-                                       const float* __restrict__ mu, int row0, int row1, int end, int start, int seg,
-                                       int h, int heads, int tokens, int t, float m0, float m1, float l0, float l1,
-                                       float softmax_scale) {
-  const i64 pitch = (i64)heads * HD;
-  const float* mus = mu + ((i64)seg * heads + h) * HD + 32 * t;
-  const u16* q0 = q + (i64)(row0 < end ? row0 : start) * pitch + h * HD + 32 * t;
-  const u16* q1 = q + (i64)(row1 < end ? row1 : start) * pitch + h * HD + 32 * t;
-  float d0 = 0.f, d1 = 0.f;
-#pragma unroll 4
-  for (int c = 0; c < 32; ++c) {
-    const float mc = mus[c];
-    d0 = fmaf(f32_from_bf16(q0[c]), mc, d0);
-    d1 = fmaf(f32_from_bf16(q1[c]), mc, d1);
-  }
-#pragma unroll
-  for (int x = 1; x < 4; x <<= 1) {
-    d0 += __shfl_xor_sync(0xffffffffu, d0, x);
-    d1 += __shfl_xor_sync(0xffffffffu, d1, x);
-  }
-  const float ln2 = 0.6931471805599453f;
-  if (t == 0 && row0 < end) lse[(i64)h * tokens + row0] = fmaf(softmax_scale, d0, (m0 + log2f(l0)) * ln2);
-  if (t == 0 && row1 < end) lse[(i64)h * tokens + row1] = fmaf(softmax_scale, d1, (m1 + log2f(l1)) * ln2);
+// The log-sum-exp of the true scores softmax_scale * q . k of a written row, for lse [heads,
+// tokens]. The loop's scores are those of K - mu (mu: the segment's key mean, the quantization
+// passes' [segments, heads, 128] array), in log2 units: sum_k 2^S = 2^m * l (l sums the unbiased
+// 2^(S - m); P's 2^8 bias never enters l), so their lse is (m + log2 l) * ln 2, and the shift
+// adds back softmax_scale * q . mu, with `dot` = q . mu from the bf16 q (see the epilogue).
+__device__ __forceinline__ float row_lse(float m, float l, float dot, float softmax_scale) {
+  return fmaf(softmax_scale, dot, (m + log2f(l)) * 0.6931471805599453f);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const int* __restrict__ block_offset,
                             const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
                             const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
-                            u16* __restrict__ out, int heads, i64 v_pitch, float scale_log2,
-                            float* __restrict__ lse, const u16* __restrict__ q, const float* __restrict__ mu,
+                            u16* out, int heads, i64 v_pitch, float scale_log2,
+                            float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
                             int tokens, float softmax_scale) {
   extern __shared__ __align__(128) u8 smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -326,8 +304,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
     u16* out0 = out + (i64)row0 * pitch + h * HD + 2 * t;
     u16* out1 = out + (i64)row1 * pitch + h * HD + 2 * t;
+    // q . mu for the lse: each lane takes the channels it writes (2t, 2t + 1 of every 8), each
+    // element of q read just before the same thread writes that element of out (out may alias
+    // q), in channel order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2).
+    const float* mus = mu + ((i64)seg * heads + h) * HD + 2 * t;
+    const u16* qr0 = q + (i64)(row0 < end ? row0 : start) * pitch + h * HD + 2 * t;
+    const u16* qr1 = q + (i64)(row1 < end ? row1 : start) * pitch + h * HD + 2 * t;
+    float d0 = 0.f, d1 = 0.f;
 #pragma unroll
     for (int ct = 0; ct < HD / 8; ++ct) {
+      if (lse != nullptr) {
+        const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
+        const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
+        d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
+        d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
+      }
       const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
       if (row0 < end)
         *reinterpret_cast<u32*>(out0 + ct * 8) =
@@ -336,8 +327,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         *reinterpret_cast<u32*>(out1 + ct * 8) =
             (u32)bf16_from_f32(o[ct][2] * v0 * r1) | ((u32)bf16_from_f32(o[ct][3] * v1 * r1) << 16);
     }
-    // After `out`, so that O is dead and the epilogue costs no registers the key loop needs.
-    if (lse != nullptr) write_lse(lse, q, mu, row0, row1, end, start, seg, h, heads, tokens, t, m0, m1, l0, l1,
-                                  softmax_scale);
+    if (lse != nullptr) {
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        d0 += __shfl_xor_sync(0xffffffffu, d0, x);
+        d1 += __shfl_xor_sync(0xffffffffu, d1, x);
+      }
+    }
+    if (lse != nullptr && t == 0) {
+      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, l0, d0, softmax_scale);
+      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, l1, d1, softmax_scale);
+    }
   }
 }

@@ -219,7 +219,8 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
             q_bf16, mu, softmax_scale = lse_inputs
             for row, m, l in ((row0, m0, quad_sum(l0)), (row1, m1, quad_sum(l1))):
                 src = np.where(row < end, row, start)  # [W, 32]
-                ch = 32 * T[None, :, None] + np.arange(32)  # lane t: channels 32t .. 32t + 31, in order
+                # lane t: the channels it writes, 8 ct + 2t and 8 ct + 2t + 1 for ct = 0 .. 15, in order
+                ch = (8 * np.arange(16)[:, None] + 2 * T[None, :, None, None] + np.arange(2)).reshape(1, 32, 32)
                 qv = q_bf16[src[..., None], h, ch].astype(np.float64)
                 mv = mu[seg, h, ch].astype(np.float64)
                 d = np.zeros(src.shape, f32)
@@ -566,6 +567,18 @@ def test_lse_matches_float64(seqlens, heads, k_offset, seed):
     assert (lse - own).abs().max() <= 1e-4 * (1 + own.abs().max()), (lse - own).abs().max()
     exact = R.lse_exact(qc, kc, cu)
     assert (lse - exact).abs().max() <= 0.05 and (lse - exact).abs().mean() <= 0.01
+
+
+@pytest.mark.gpu
+def test_lse_with_out_aliasing_q(seed):
+    """out = q: the kernel reads each q element for the lse before the same thread writes that
+    element of out."""
+    q, k, v, cu_dev, cu = make_attention_inputs([700, 0, 129], 8, device="cuda", seed=seed, k_offset=10.0)
+    want = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    q2 = q.clone()
+    got = h3kernels.minimax_h3_varlen_attention_fp8(q2, k, v, cu_dev, q2, cu_seqlens_host=cu, return_lse=True)
+    torch.cuda.synchronize()
+    assert got[0] is q2 and same_bits(q2, want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu
