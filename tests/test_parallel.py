@@ -241,6 +241,9 @@ def test_attn_forward_is_the_per_rank_attention_with_lse(seed):
     assert same_bits(lse, want_lse.view(2, 3, 64).transpose(0, 1))
     packed = parallel.attn_forward(q[None], k[None], v[None], cu_seqlens=[0, 100, 192], return_lse=False)
     assert same_bits(packed[0], R.attention_fp8(q, k, v, [0, 100, 192]))
+    empty = torch.zeros(2, 0, 2, 128, dtype=torch.bfloat16)
+    out, lse = parallel.attn_forward(empty, empty, empty)
+    assert out.shape == (2, 0, 2, 128) and lse.shape == (2, 2, 0)
     for kw, msg in ((dict(causal=True), "causal: got True"), (dict(dropout_p=0.1), "dropout_p: got 0.1"),
                     (dict(window_size=(8, 8)), "window_size: got (8, 8)")):
         with pytest.raises(ValueError, match="^" + msg.replace("(", r"\(").replace(")", r"\)")):
@@ -275,9 +278,14 @@ def nccl_ranks(rank, world, seed):
     q, k, v, _, cu = make_attention_inputs([3000, 5000, 192], 56, device="cuda", seed=seed)
     counts = (4000, 4192)
     ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    try:
+        parallel.ulysses_attention(ql.cpu(), kl.cpu(), vl.cpu(), cu)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
     u = parallel.ulysses_attention(ql, kl, vl, cu, return_lse=True)
     r = parallel.ring_attention(ql, kl, vl, cu, return_lse=True)
-    return [t.cpu() for t in (*u, *r)]
+    return [t.cpu() for t in (*u, *r)] + [refused]
 
 
 @pytest.mark.gpu
@@ -293,6 +301,7 @@ def test_nccl_two_gpus_match_one(seed):
     u_out = torch.cat([r[0] for r in results])
     u_lse = torch.cat([r[1] for r in results], dim=1)
     assert same_bits(u_out, want) and same_bits(u_lse, want_lse)
+    assert all(r[4] == "q: got a tensor on cpu; need a CUDA tensor with the nccl backend" for r in results)
     r_out = torch.cat([r[2] for r in results])
     assert rel_l2(r_out, want) <= 0.03
     assert math.isfinite(rel_l2(r_out, want))

@@ -24,5 +24,8 @@ def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale
     (f32 [segments, heads, 128]), each key's K scale k_scale (f32 [k tokens, heads]): (out bf16, lse f32 [heads, q tokens]), lse -inf and out 0 where
     a segment has no keys here. The GPU kernel has no such form yet; on CUDA tensors this is the
     reference, run by torch on the GPU (correct, not fast)."""
+    longest = max((b - a for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:])), default=1)
+    # query rows per chunk: FP32 scores of at most about 2 GiB at a time
+    chunk = max(16, min(1024, (1 << 29) // max(1, q.shape[1] * longest)))
     return R.attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean=k_mean, v_amax=v_amax,
-                                   k_scale=k_scale)
+                                   k_scale=k_scale, query_chunk=chunk)

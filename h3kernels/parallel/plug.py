@@ -24,9 +24,10 @@ def attn_forward(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, windo
         raise ValueError(f"q: got {shape}; need shape (batch, seqlen, heads, 128)")
     b, n, h, d = q.shape
     packed = [t.reshape(b * n, h, d).to(torch.bfloat16).contiguous() for t in (q, k, v)]
-    cu = tuple(range(0, b * n + 1, n)) if cu_seqlens is None else checks.host_ints("cu_seqlens", cu_seqlens)
-    if n == 0:
-        cu = (0,) * (b + 1) if cu_seqlens is None else cu
+    if cu_seqlens is not None:
+        cu = checks.host_ints("cu_seqlens", cu_seqlens)
+    else:
+        cu = tuple(i * n for i in range(b + 1))  # one segment per batch row
     res = (local_attention or default_attention)(*packed, cu, softmax_scale, want_lse)
     o, lse = res if want_lse else (res, None)
     o = o.view(b, n, h, d).to(q.dtype)
