@@ -93,7 +93,11 @@ def rank_cases(rank, world, seed):
         name, _, seqlens, heads, counts = CASES[2][0]
         q, k, v, cu = inputs(seqlens, heads, seed)
         ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
-        res["spy"] = (parallel.ulysses_attention(ql, kl, vl, cu, local_attention=spy, softmax_scale=0.1), seen)
+        laps = {}
+        res["spy"] = (parallel.ulysses_attention(ql, kl, vl, cu, local_attention=spy, softmax_scale=0.1,
+                                                 timings=laps), seen)
+        parallel.ring_attention(ql, kl, vl, cu, timings=laps)
+        res["laps"] = sorted(laps)
     return res
 
 
@@ -131,6 +135,7 @@ def test_ulysses_runs_a_given_local_attention(ranks):
     for r in results:
         out, seen = r["spy"]
         assert seen == [((sum(counts), heads // 2, 128), tuple(cu), 0.1, False)]
+        assert r["laps"] == ["attention", "comm"]  # timings: communication apart from the attention
     got = torch.cat([r["spy"][0] for r in results])
     assert same_bits(got, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))
 

@@ -1,4 +1,6 @@
 """The process group of a call and the checks that come before its first message."""
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -46,3 +48,26 @@ def gather_counts(tokens, device, group, world):
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     return tuple(int(c.item()) for c in every)
+
+
+class Clock:
+    """Wall-clock laps, device-synchronized, when a timings dict is given; otherwise nothing."""
+
+    def __init__(self, timings, device):
+        self.timings, self.device = timings, device
+        self.t = None
+
+    def _now(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def start(self):
+        if self.timings is not None:
+            self.t = self._now()
+
+    def lap(self, what):
+        if self.timings is not None:
+            t = self._now()
+            self.timings[what] = self.timings.get(what, 0.0) + t - self.t
+            self.t = t

@@ -15,7 +15,6 @@ from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels.parallel import _group, layout
 from h3kernels.parallel.local import default_partial_attention
 from h3kernels.parallel.merge import LseMerge
-from h3kernels.parallel.ulysses import _Clock
 
 
 def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out=None, softmax_scale=None,
@@ -27,7 +26,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     check runs before the first message."""
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     attend = partial_attention or default_partial_attention
-    clock = _Clock(timings, q.device)
+    clock = _group.Clock(timings, q.device)
     clock.start()
     k_mean, v_amax, block_amax = segment_statistics(k, v, s)
     clock.lap("comm")

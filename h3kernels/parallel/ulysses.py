@@ -29,7 +29,7 @@ def ulysses_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, 
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=True)
     attend = local_attention or default_attention
     world, n, hp, D = s.world, s.tokens, s.heads // s.world, HEAD_DIM
-    clock = _Clock(timings, q.device)
+    clock = _group.Clock(timings, q.device)
 
     # [n, world, hp, D] -> [world, 3, n, hp, D]: block j (for rank j) holds its heads of q, k, v
     send = torch.stack((q, k, v)).view(3, n, world, hp, D).permute(2, 0, 1, 3, 4).contiguous()
@@ -64,28 +64,3 @@ def ulysses_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, 
         return res_out
     lse_local = back[:, :, width:].contiguous().view(torch.float32)  # [world, n, hp]
     return res_out, lse_local.permute(0, 2, 1).reshape(s.heads, n).contiguous()
-
-
-class _Clock:
-    """Wall-clock laps, device-synchronized, when a timings dict is given; otherwise nothing."""
-
-    def __init__(self, timings, device):
-        self.timings, self.device = timings, device
-        self.t = None
-
-    def _now(self):
-        import time
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def start(self):
-        if self.timings is not None:
-            self.t = self._now()
-
-    def lap(self, what):
-        if self.timings is not None:
-            t = self._now()
-            self.timings[what] = self.timings.get(what, 0.0) + t - self.t
-            self.t = t
