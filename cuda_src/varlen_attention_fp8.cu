@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                             const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
                             u16* out, int heads, i64 v_pitch, float scale_log2,
                             float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
-                            int tokens, float softmax_scale) {
+                            int tokens, float softmax_scale, const int* __restrict__ q_bounds) {
   extern __shared__ __align__(128) u8 smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -116,7 +116,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
     const int* w = tiles + (i64)tile * TILE_INTS;
     const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
-    const int end = start + len, n_blocks = (len + BKV - 1) / BKV;
+    // the segment's queries end at q_bounds[seg + 1]: start + len when queries and keys are the
+    // same tokens, elsewhere when this rank's queries meet another rank's keys (the ring)
+    const int end = q_bounds[seg + 1], n_blocks = (len + BKV - 1) / BKV;
     const int n_iter = n_blocks;
     const int kb0 = block_offset[seg];
     const u8* kseg = k8 + (i64)start * pitch + h * HD;
@@ -308,8 +310,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // element of q read just before the same thread writes that element of out (out may alias
     // q), in channel order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2).
     const float* mus = mu + ((i64)seg * heads + h) * HD + 2 * t;
-    const u16* qr0 = q + (i64)(row0 < end ? row0 : start) * pitch + h * HD + 2 * t;
-    const u16* qr1 = q + (i64)(row1 < end ? row1 : start) * pitch + h * HD + 2 * t;
+    const int q_first = q_bounds[seg];  // a row past the end reads a valid row, and drops it
+    const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HD + 2 * t;
+    const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HD + 2 * t;
     float d0 = 0.f, d1 = 0.f;
 #pragma unroll
     for (int ct = 0; ct < HD / 8; ++ct) {

@@ -111,11 +111,13 @@ def pack_p(*ps):
     return out
 
 
-def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, lse_inputs=None):
+def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, lse_inputs=None,
+                   q_bounds=None):
     """The kernel, statement by statement, for every tile in turn (all warps at once). Returns
     out as float32 [tokens, heads, 128], NaN where nothing was written; with lse_inputs = (q as
     float32 [tokens, heads, 128] of its bf16 values, mu f32 [segments, heads, 128], softmax_scale),
-    (out, lse f32 [heads, tokens], NaN where nothing was written)."""
+    (out, lse f32 [heads, tokens], NaN where nothing was written). q_bounds: each segment's query
+    rows (the plan's; None: the tiles' own segments, queries = keys)."""
     tokens = q8.shape[0]
     lse = np.full(heads * tokens, np.nan, np.float32)
     q8f, k8f, v8f = q8.reshape(-1), k8.reshape(-1), v8t.reshape(-1)
@@ -142,6 +144,9 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
 
     for start, length, q0, h, seg in tiles.tolist():
         end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
+        q_first = start
+        if q_bounds is not None:
+            q_first, end = int(q_bounds[seg]), int(q_bounds[seg + 1])
         n_iter = n_blocks
         kseg, vseg = start * pitch + h * HD, h * HD * v_pitch + kb0 * KSB
         for i in range(BQ * HD // 16 // THREADS):
@@ -218,7 +223,7 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
         if lse_inputs is not None:
             q_bf16, mu, softmax_scale = lse_inputs
             for row, m, l in ((row0, m0, quad_sum(l0)), (row1, m1, quad_sum(l1))):
-                src = np.where(row < end, row, start)  # [W, 32]
+                src = np.where(row < end, row, q_first)  # [W, 32]
                 # lane t: the channels it writes, 8 ct + 2t and 8 ct + 2t + 1 for ct = 0 .. 15, in order
                 ch = (8 * np.arange(16)[:, None] + 2 * T[None, :, None, None] + np.arange(2)).reshape(1, 32, 32)
                 qv = q_bf16[src[..., None], h, ch].astype(np.float64)
@@ -259,12 +264,12 @@ def emulation_case(seed_of):
     q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
     tiles, block_offset = P.plan_host(cu, heads)
     args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
-    return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
+    return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu), np.asarray(cu, np.int32)
 
 
 def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
-    args, want, exact = emulation_case
-    got = emulate_kernel(*args)
+    args, want, exact, q_bounds = emulation_case
+    got = emulate_kernel(*args, q_bounds=q_bounds)
     assert not np.isnan(got).any()  # every (token, head) written exactly by its tile
     # one key block (<= 64 keys): the online max is the final max, so P is the reference's
     assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
@@ -278,7 +283,7 @@ def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
     plain = np.zeros_like(v8t)
     for b in range(v8t.shape[2] // 128):
         plain[:, :, b * 128 + perm] = v8t[:, :, b * 128:(b + 1) * 128]
-    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2)
+    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, q_bounds=q_bounds)
     assert rel_l2(bad[61:], want[61:]) > 0.2
 
 
@@ -338,7 +343,7 @@ def test_emulated_kernel_lse_matches_the_reference(seed_of):
     scale = HEAD_DIM ** -0.5
     mu = R.segment_key_means(k, cu).numpy()
     got, lse = emulate_kernel(tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(scale * L.LOG2E),
-                              lse_inputs=(q.float().numpy(), mu, scale))
+                              lse_inputs=(q.float().numpy(), mu, scale), q_bounds=np.asarray(cu, np.int32))
     want_out, want = R.attention_fp8(q, k, v, cu, return_lse=True)
     assert not np.isnan(lse).any()  # every (head, token) written
     err = np.abs(lse.astype(np.float64) - want.double().numpy())
@@ -347,6 +352,39 @@ def test_emulated_kernel_lse_matches_the_reference(seed_of):
     # against the float64 lse of the reference's own scores: the FP32 rounding of each path only
     own = dequantized_lse64(q, k, v, cu)
     assert np.abs(lse - own.numpy()).max() <= 1e-4 * (1 + own.abs().max().item())
+
+
+def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(seed):
+    """The ring's step: this rank's queries (tokens 0 .. 199) against another rank's key block
+    (tokens 200 .. 374) of one packed sequence, with the whole segments' key mean and V amax,
+    through the kernel's cross plan (keys from one range, query bounds from the other) against
+    h3kernels.reference.attention_fp8_partial; rows whose segment has no keys there are left
+    unwritten (the merge gives them weight 0)."""
+    from h3kernels.parallel import local_seqlens
+
+    heads, scale = 2, HEAD_DIM ** -0.5
+    q, k, v, _, cu = make_attention_inputs([70, 0, 300, 5], heads, device="cpu", seed=seed, k_offset=5.0)
+    mean = R.segment_key_means(k, cu)
+    amax = torch.stack([v[a:b].float().abs().amax(0) if b > a else torch.zeros(heads, HD) for a, b in zip(cu, cu[1:])])
+    cu_q, cu_k = local_seqlens(cu, 0, 200), local_seqlens(cu, 200, 175)
+    qa, kb, vb = q[:200].contiguous(), k[200:].contiguous(), v[200:].contiguous()
+    tiles, block_offset, blocks, q_bounds = P.cross_plan_arrays(cu_q, cu_k, heads)
+    assert set(tiles[:, 4].tolist()) == {2}  # segment 0 has no keys there, segment 3 no queries
+    q8, s_q = R.quantize_rows(qa)
+    _, _, k8, s_k, v8, _ = R.quantize_attention_inputs(qa[:0], kb, vb, cu_k, k_mean=mean, v_amax=amax)
+    s_k_blocks = np.stack([s_k[first].numpy() for _, first, _ in blocks])
+    s_v = R.div(amax, 448.0).numpy()
+    u8 = lambda x: x.view(torch.uint8).numpy()
+    got, lse = emulate_kernel(tiles, block_offset, u8(q8), s_q.numpy(), u8(k8), s_k_blocks, Q.v_transposed(u8(v8), cu_k),
+                              s_v, heads, np.float32(scale * L.LOG2E), lse_inputs=(qa.float().numpy(), mean.numpy(), scale),
+                              q_bounds=q_bounds)
+    want, want_lse = R.attention_fp8_partial(qa, kb, vb, cu_q, cu_k, k_mean=mean, v_amax=amax)
+    rows = slice(70, 200)  # segment 2's queries
+    assert np.isnan(got[:70]).all() and np.isnan(lse[:, :70]).all()  # no keys here: not written
+    assert not np.isnan(got[rows]).any() and not np.isnan(lse[:, rows]).any()
+    assert rel_l2(got[rows], want[rows].float()) <= 0.03, rel_l2(got[rows], want[rows].float())
+    err = np.abs(lse[:, rows] - want_lse[:, rows].numpy()).max()
+    assert err <= 1e-4 * (1 + want_lse[:, rows].abs().max().item()), err
 
 
 # --- validation ---------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segme
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8": SMEM_BYTES}
 PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
-          "u64", "u64", "u64", "i32", "f32")  # then lse (0: not wanted), q, mu, tokens, softmax_scale
+          "u64", "u64", "u64", "i32", "f32", "u64")  # then lse (0: not wanted), q, mu, tokens, softmax_scale,
+# q_bounds (each segment's query rows; the plan's)
 
 LOG2E = 1.4426950408889634
 ALIGN = 256
@@ -130,8 +131,8 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     with ws.lock:
         ws.wait(capturing)
         dev_plan = ws.plan((cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), capturing)
-        tiles, block_offset, blocks = dev_plan.ptrs
-        n_tiles, _, n = dev_plan.rows
+        tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
+        n_tiles, _, n, _ = dev_plan.rows
         offsets, nbytes = _offsets(tokens, heads, segments, n)
         base = ws.reserve(nbytes, capturing, dev_plan)
         cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
@@ -143,5 +144,5 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
         f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
                   base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
-                  0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu, tokens, scale))
+                  0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu, tokens, scale, q_bounds))
         ws.record(capturing)
