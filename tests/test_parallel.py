@@ -279,9 +279,10 @@ def test_mlp_is_token_parallel_bitwise(seed):
 # --- GPU: NCCL on two GPUs ------------------------------------------------------------------------
 
 def nccl_ranks(rank, world, seed):
-    """Ulysses and ring with the GPU operator on GPU `rank`, 56 heads, a segment crossing ranks."""
+    """Ulysses and ring with the GPU kernels on GPU `rank`, 56 heads, a segment crossing ranks 1024
+    keys into it (on the whole segment's 128-key K scale grid)."""
     q, k, v, _, cu = make_attention_inputs([3000, 5000, 192], 56, device="cuda", seed=seed)
-    counts = (4000, 4192)
+    counts = (4024, 4168)
     ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
     try:
         parallel.ulysses_attention(ql.cpu(), kl.cpu(), vl.cpu(), cu)
@@ -308,5 +309,8 @@ def test_nccl_two_gpus_match_one(seed):
     assert same_bits(u_out, want) and same_bits(u_lse, want_lse)
     assert all(r[4] == "q: got a tensor on cpu; need a CUDA tensor with the nccl backend" for r in results)
     r_out = torch.cat([r[2] for r in results])
-    assert rel_l2(r_out, want) <= 0.03
-    assert math.isfinite(rel_l2(r_out, want))
+    r_lse = torch.cat([r[3] for r in results], dim=1)
+    print(f"ring over NCCL on 2 GPUs: rel L2 {rel_l2(r_out, want):.5f} from one GPU, lse max |diff| "
+          f"{(r_lse - want_lse).abs().max().item():.2e}")
+    assert math.isfinite(rel_l2(r_out, want)) and rel_l2(r_out, want) <= 0.03
+    assert (r_lse - want_lse).abs().max() <= 1e-3 * (1 + want_lse.abs().max())

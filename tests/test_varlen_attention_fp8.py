@@ -387,6 +387,21 @@ def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(se
     assert err <= 1e-4 * (1 + want_lse[:, rows].abs().max().item()), err
 
 
+def test_launch_values_fit_the_kernels_parameters(monkeypatch):
+    """Every launch of the operator and of the ring's step passes as many values as its kernel
+    has parameters (the Numba kernels' flattened arrays, the CUDA kernel's PARAMS)."""
+    from h3kernels._launch import numba_ptx
+
+    monkeypatch.setattr(numba_ptx, "kernel", lambda name, device_id: name)
+    ptr = 1 << 20
+    own = L.quant_launches(0, 300, 2, 3, 4, ptr, ptr, ptr, ptr, 1, ptr, ptr, ptr)
+    cross = L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, ptr, ptr)
+    assert [name for name, *_ in cross] == ["q_kernel", "k_quant_kernel", "v_quant_kernel"]
+    for name, kern, grid, threads, values in own + cross:
+        assert len(values) == len(numba_ptx.params(name)), name
+    assert len(L.PARAMS) == 19  # 13 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 def _args(device="cpu", seqlens=(3, 0, 5), heads=2):
@@ -617,6 +632,29 @@ def test_lse_with_out_aliasing_q(seed):
     got = h3kernels.minimax_h3_varlen_attention_fp8(q2, k, v, cu_dev, q2, cu_seqlens_host=cu, return_lse=True)
     torch.cuda.synchronize()
     assert got[0] is q2 and same_bits(q2, want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_kernel_partial_attention_matches_the_reference_partial(seed):
+    """The ring's step on the GPU (kernel_partial_attention: the cross plan, the caller's key mean
+    and V amax) against the reference's, the rank boundary 256 keys into a segment so that both
+    use the whole segment's K scale grid."""
+    from h3kernels.parallel import local_seqlens
+    from h3kernels.parallel.local import kernel_partial_attention, reference_partial_attention
+
+    q, k, v, _, cu = make_attention_inputs([70, 0, 1286, 5], 8, device="cuda", seed=seed, k_offset=5.0)
+    mean = R.segment_key_means(k.cpu(), cu).cuda()
+    amax = torch.stack([v[a:b].float().abs().amax(0) if b > a else torch.zeros(8, 128, device="cuda")
+                        for a, b in zip(cu, cu[1:])])
+    cu_q, cu_k = local_seqlens(cu, 0, 326), local_seqlens(cu, 326, 1035)
+    args = (q[:326].contiguous(), k[326:].contiguous(), v[326:].contiguous(), cu_q, cu_k, HEAD_DIM ** -0.5, mean,
+            amax, None)
+    got, got_lse = kernel_partial_attention(*args)
+    want, want_lse = reference_partial_attention(*args)
+    torch.cuda.synchronize()
+    assert (got[:70] == 0).all() and torch.isinf(got_lse[:, :70]).all()  # no keys for segment 0 here
+    assert rel_l2(got[70:], want[70:]) <= 0.03, rel_l2(got[70:], want[70:])
+    assert (got_lse[:, 70:] - want_lse[:, 70:]).abs().max() <= 1e-4 * (1 + want_lse[:, 70:].abs().max())
 
 
 @pytest.mark.gpu
