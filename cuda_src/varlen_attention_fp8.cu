@@ -22,6 +22,9 @@
 // masks keys past the segment's end, and feeds P = e4m3(256 * 2^(S - m)) straight from the S
 // accumulators into the A operand of O += P . V; l sums the unquantized 2^(S - m).
 // tests/test_varlen_attention_fp8.py emulates this file lane by lane in numpy.
+// With lse non-null, each written row's log-sum-exp of the true scores goes to lse [heads, tokens]
+// (row_lse and the epilogue): what merging partial attentions over several GPUs needs. out and q
+// carry no __restrict__: out may alias q, which the epilogue reads.
 #include "fp8_common.cuh"
 
 // The tile and thread constants come from h3kernels/_launch/varlen_attention_fp8.py (NVRTC -D),
@@ -87,11 +90,22 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
   }
 }
 
+// The log-sum-exp of the true scores softmax_scale * q . k of a written row, for lse [heads,
+// tokens]. The loop's scores are those of K - mu (mu: the segment's key mean, the quantization
+// passes' [segments, heads, 128] array), in log2 units: sum_k 2^S = 2^m * l (l sums the unbiased
+// 2^(S - m); P's 2^8 bias never enters l), so their lse is (m + log2 l) * ln 2, and the shift
+// adds back softmax_scale * q . mu, with `dot` = q . mu from the bf16 q (see the epilogue).
+__device__ __forceinline__ float row_lse(float m, float l, float dot, float softmax_scale) {
+  return fmaf(softmax_scale, dot, (m + log2f(l)) * 0.6931471805599453f);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const int* __restrict__ block_offset,
                             const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
                             const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
-                            u16* __restrict__ out, int heads, i64 v_pitch, float scale_log2) {
+                            u16* out, int heads, i64 v_pitch, float scale_log2,
+                            float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
+                            int tokens, float softmax_scale, const int* __restrict__ q_bounds) {
   extern __shared__ __align__(128) u8 smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -102,7 +116,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
     const int* w = tiles + (i64)tile * TILE_INTS;
     const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
-    const int end = start + len, n_blocks = (len + BKV - 1) / BKV;
+    // the segment's queries end at q_bounds[seg + 1]: start + len when queries and keys are the
+    // same tokens, elsewhere when this rank's queries meet another rank's keys (the ring)
+    const int end = q_bounds[seg + 1], n_blocks = (len + BKV - 1) / BKV;
     const int n_iter = n_blocks;
     const int kb0 = block_offset[seg];
     const u8* kseg = k8 + (i64)start * pitch + h * HD;
@@ -290,8 +306,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
     u16* out0 = out + (i64)row0 * pitch + h * HD + 2 * t;
     u16* out1 = out + (i64)row1 * pitch + h * HD + 2 * t;
+    // q . mu for the lse: each lane takes the channels it writes (2t, 2t + 1 of every 8), each
+    // element of q read just before the same thread writes that element of out (out may alias
+    // q), in channel order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2).
+    const float* mus = mu + ((i64)seg * heads + h) * HD + 2 * t;
+    const int q_first = q_bounds[seg];  // a row past the end reads a valid row, and drops it
+    const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HD + 2 * t;
+    const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HD + 2 * t;
+    float d0 = 0.f, d1 = 0.f;
 #pragma unroll
     for (int ct = 0; ct < HD / 8; ++ct) {
+      if (lse != nullptr) {
+        const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
+        const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
+        d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
+        d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
+      }
       const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
       if (row0 < end)
         *reinterpret_cast<u32*>(out0 + ct * 8) =
@@ -299,6 +329,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (row1 < end)
         *reinterpret_cast<u32*>(out1 + ct * 8) =
             (u32)bf16_from_f32(o[ct][2] * v0 * r1) | ((u32)bf16_from_f32(o[ct][3] * v1 * r1) << 16);
+    }
+    if (lse != nullptr) {
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        d0 += __shfl_xor_sync(0xffffffffu, d0, x);
+        d1 += __shfl_xor_sync(0xffffffffu, d1, x);
+      }
+    }
+    if (lse != nullptr && t == 0) {
+      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, l0, d0, softmax_scale);
+      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, l1, d1, softmax_scale);
     }
   }
 }

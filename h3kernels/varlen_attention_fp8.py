@@ -12,14 +12,20 @@ from h3kernels.constants import HEAD_DIM
 
 
 def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens_host=None, softmax_scale=None,
-                                    fp8_mma_form=-1):
+                                    fp8_mma_form=-1, return_lse=False):
     """Non-causal FP8 attention over the segments [cu_seqlens[i], cu_seqlens[i + 1]) of packed
     q, k, v (bf16 [tokens, heads, 128], torch CUDA tensors or CuPy arrays). Returns `out` (bf16
     [tokens, heads, 128], allocated when None) of the caller's kind. Work runs on the caller's
     current stream; with `cu_seqlens_host` (a host copy of cu_seqlens) there is no device sync,
     without it one device-to-host copy of cu_seqlens. `out` may alias q, k or v: the kernel reads
     only the quantized copies. fp8_mma_form: as minimax_h3_mlp_fp8's (-1 the board's form, 0 the
-    legacy e4m3 mma, 2 kind::mxf8f6f4 on sm_120a); every form gives the same bits."""
+    legacy e4m3 mma, 2 kind::mxf8f6f4 on sm_120a); every form gives the same bits.
+
+    return_lse=True returns (out, lse): lse FP32 [heads, tokens], each row's natural log-sum-exp
+    of the true scores softmax_scale * q . k over its segment's keys (the kernel's scores are
+    those of the mean-centred K; the shift softmax_scale * q . mean(K) is added back), what
+    merging partial attentions (sequence parallelism) needs."""
+    want_lse = checks.return_lse(return_lse)
     tokens, heads, scale, cu_host = check_call(None, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
                                                fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
@@ -27,14 +33,14 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     if cu_host is None:
         cu_host = host_seqlens(call, cu_seqlens, None, tokens)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), arrays.BF16)
-    if tokens == 0:
-        return res
-    previous = call.make_current()
-    try:
-        launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, res, form)
-    finally:
-        arrays.restore(previous)
-    return res
+    lse = call.empty((heads, tokens), arrays.F32) if want_lse else None
+    if tokens:
+        previous = call.make_current()
+        try:
+            launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, res, form, lse)
+        finally:
+            arrays.restore(previous)
+    return (res, lse) if want_lse else res
 
 
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8

@@ -101,3 +101,15 @@ def test_capture_without_warm_up_is_refused_clearly(seed):
     with pytest.raises(RuntimeError, match="call it once with the same cu_seqlens_host on this stream"):
         with torch.cuda.graph(graph, stream=s):
             torch_ops.minimax_h3_varlen_attention_fp8(*att_in[:4], att_in[4])
+
+
+def test_lse_op_is_registered_with_a_fake_implementation():
+    q, k, v, cu_dev, cu = attention_args([7, 0, 9], 2, "meta")
+    out, lse = torch.ops.h3kernels.minimax_h3_varlen_attention_fp8_lse(q, k, v, cu_dev, cu)
+    assert out.shape == (16, 2, 128) and lse.shape == (2, 16) and lse.dtype == torch.float32
+    graph = make_fx(lambda *a: torch_ops.minimax_h3_varlen_attention_fp8(*a, return_lse=True),
+                    tracing_mode="fake")(q, k, v, cu_dev, cu)
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert "h3kernels.minimax_h3_varlen_attention_fp8_lse.default" in ops
+    with pytest.raises(TypeError, match="^return_lse: got 1; need True or False"):
+        torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu, return_lse=1)

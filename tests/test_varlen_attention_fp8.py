@@ -111,10 +111,15 @@ def pack_p(*ps):
     return out
 
 
-def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2):
+def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, lse_inputs=None,
+                   q_bounds=None):
     """The kernel, statement by statement, for every tile in turn (all warps at once). Returns
-    out as float32 [tokens, heads, 128], NaN where nothing was written."""
+    out as float32 [tokens, heads, 128], NaN where nothing was written; with lse_inputs = (q as
+    float32 [tokens, heads, 128] of its bf16 values, mu f32 [segments, heads, 128], softmax_scale),
+    (out, lse f32 [heads, tokens], NaN where nothing was written). q_bounds: each segment's query
+    rows (the plan's; None: the tiles' own segments, queries = keys)."""
     tokens = q8.shape[0]
+    lse = np.full(heads * tokens, np.nan, np.float32)
     q8f, k8f, v8f = q8.reshape(-1), k8.reshape(-1), v8t.reshape(-1)
     s_qf, s_kf, s_vf = s_q.reshape(-1), s_k.reshape(-1), s_v.reshape(-1)
     out = np.full(tokens * heads * HD, np.nan, np.float32)
@@ -139,6 +144,9 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
 
     for start, length, q0, h, seg in tiles.tolist():
         end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
+        q_first = start
+        if q_bounds is not None:
+            q_first, end = int(q_bounds[seg]), int(q_bounds[seg + 1])
         n_iter = n_blocks
         kseg, vseg = start * pitch + h * HD, h * HD * v_pitch + kb0 * KSB
         for i in range(BQ * HD // 16 // THREADS):
@@ -212,7 +220,25 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
                     val = (o[:, :, ct, reg] * sv) * d
                     rows, vals = row[row < end], val[row < end]
                     out[(rows * heads + h) * HD + np.broadcast_to(c + e, row.shape)[row < end]] = vals
-    return R.bf16(torch.from_numpy(out)).float().numpy().reshape(tokens, heads, HD)
+        if lse_inputs is not None:
+            q_bf16, mu, softmax_scale = lse_inputs
+            for row, m, l in ((row0, m0, quad_sum(l0)), (row1, m1, quad_sum(l1))):
+                src = np.where(row < end, row, q_first)  # [W, 32]
+                # lane t: the channels it writes, 8 ct + 2t and 8 ct + 2t + 1 for ct = 0 .. 15, in order
+                ch = (8 * np.arange(16)[:, None] + 2 * T[None, :, None, None] + np.arange(2)).reshape(1, 32, 32)
+                qv = q_bf16[src[..., None], h, ch].astype(np.float64)
+                mv = mu[seg, h, ch].astype(np.float64)
+                d = np.zeros(src.shape, f32)
+                for c in range(32):
+                    d = (qv[..., c] * mv[..., c] + d).astype(f32)  # fmaf
+                for x in (1, 2):  # the __shfl_xor_sync sums
+                    d = (d + d[:, LANE ^ x]).astype(f32)
+                base = ((m + np.log2(l).astype(f32)).astype(f32) * f32(np.log(2.0))).astype(f32)
+                val = (np.float64(f32(softmax_scale)) * d + base).astype(f32)  # fmaf
+                ok = (row < end) & (T[None] == 0)
+                lse[h * tokens + row[ok]] = val[ok]
+    res = R.bf16(torch.from_numpy(out)).float().numpy().reshape(tokens, heads, HD)
+    return res if lse_inputs is None else (res, lse.reshape(heads, tokens))
 
 
 def kernel_inputs(q, k, v, cu):
@@ -238,12 +264,12 @@ def emulation_case(seed_of):
     q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
     tiles, block_offset = P.plan_host(cu, heads)
     args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
-    return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu)
+    return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu), np.asarray(cu, np.int32)
 
 
 def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
-    args, want, exact = emulation_case
-    got = emulate_kernel(*args)
+    args, want, exact, q_bounds = emulation_case
+    got = emulate_kernel(*args, q_bounds=q_bounds)
     assert not np.isnan(got).any()  # every (token, head) written exactly by its tile
     # one key block (<= 64 keys): the online max is the final max, so P is the reference's
     assert rel_l2(got[:61], want[:61]) <= 0.003, rel_l2(got[:61], want[:61])
@@ -257,8 +283,123 @@ def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
     plain = np.zeros_like(v8t)
     for b in range(v8t.shape[2] // 128):
         plain[:, :, b * 128 + perm] = v8t[:, :, b * 128:(b + 1) * 128]
-    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2)
+    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, q_bounds=q_bounds)
     assert rel_l2(bad[61:], want[61:]) > 0.2
+
+
+# --- the log-sum-exp ----------------------------------------------------------------------------
+
+def dequantized_lse64(q, k, v, cu, softmax_scale=None):
+    """float64 logsumexp of the reference's own (dequantized, mean-centred) scores plus the float64
+    shift softmax_scale * q . mean(K): what the reference's FP32 lse computes, without rounding."""
+    scale = HEAD_DIM ** -0.5 if softmax_scale is None else softmax_scale
+    q8, s_q, k8, s_k, _, _ = R.quantize_attention_inputs(q, k, v, cu)
+    qd = q8.double() * s_q.double()[..., None]
+    kd = k8.double() * s_k.double()[..., None]
+    means = R.segment_key_means(k, cu).double()
+    out = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float64)
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        for h in range(q.shape[1] if b > a else 0):  # one head at a time: [L, L] float64 scores
+            s = (qd[a:b, h] @ kd[a:b, h].T) * scale
+            out[h, a:b] = torch.logsumexp(s, dim=-1) + (q[a:b, h].double() @ means[i, h]) * scale
+    return out
+
+
+@pytest.mark.parametrize("k_offset", [0.0, 20.0])
+def test_reference_lse_is_the_float64_lse_of_its_scores_and_near_the_exact_one(k_offset, seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([1, 60, 0, 200, 129], 3, device="cpu", seed=seed, k_offset=k_offset)
+    out, lse = R.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, return_lse=True, softmax_scale=0.1)
+    assert same_bits(out, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))  # the lse changes nothing of out
+    assert lse.dtype == torch.float32 and lse.shape == (3, 390)
+    own = dequantized_lse64(q, k, v, cu, softmax_scale=0.1)
+    assert torch.allclose(lse.double(), own, rtol=2e-6, atol=2e-5), (lse.double() - own).abs().max()
+    exact = R.lse_exact(q, k, cu, softmax_scale=0.1)
+    # what the FP8 scores cost: about 0.005 on average, at most 0.03 on these inputs
+    assert (lse.double() - exact).abs().max() <= 0.05 and (lse.double() - exact).abs().mean() <= 0.01
+    if k_offset:  # the smoothing shift is large here: without it the lse would be far off
+        shift = R.mean_shift(q[1:61], R.key_mean(k[1:61].float()), 0.1)
+        assert shift.abs().mean() > 100 * (lse.double() - exact).abs().mean()
+
+
+def test_reference_lse_of_single_keys_and_empty_sets():
+    """One key: lse = scale * q . k exactly up to rounding (no quantization error in a 1-key
+    softmax's lse: its centred score is 0); no tokens: an empty [heads, 0]."""
+    q, k, v, cu_dev, cu = make_attention_inputs([1, 1, 0, 1], 2, device="cpu", seed=3, k_offset=5.0)
+    _, lse = R.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, return_lse=True)
+    assert torch.allclose(lse.double(), R.lse_exact(q, k, cu), rtol=1e-6, atol=1e-5)
+    empty = torch.zeros(0, 2, HEAD_DIM, dtype=torch.bfloat16)
+    out, lse = R.minimax_h3_varlen_attention_fp8(empty, empty, empty, torch.zeros(3, dtype=torch.int32),
+                                                 return_lse=True)
+    assert out.shape == (0, 2, HEAD_DIM) and lse.shape == (2, 0) and lse.dtype == torch.float32
+
+
+def test_emulated_kernel_lse_matches_the_reference(seed_of):
+    """The kernel's lse (online max m in log2 units, l without P's 2^8 bias, the shift from bf16 q
+    and the segment's mu) against the reference's, on every (head, token), with a large key offset
+    so that the shift matters."""
+    seqlens, heads = [1, 60, 0, 200, 129], 2
+    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
+    tiles, block_offset = P.plan_host(cu, heads)
+    scale = HEAD_DIM ** -0.5
+    mu = R.segment_key_means(k, cu).numpy()
+    got, lse = emulate_kernel(tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(scale * L.LOG2E),
+                              lse_inputs=(q.float().numpy(), mu, scale), q_bounds=np.asarray(cu, np.int32))
+    want_out, want = R.attention_fp8(q, k, v, cu, return_lse=True)
+    assert not np.isnan(lse).any()  # every (head, token) written
+    err = np.abs(lse.astype(np.float64) - want.double().numpy())
+    assert err.max() <= 1e-4 * (1 + np.abs(want.numpy()).max()), err.max()
+    assert rel_l2(got, want_out.float()) <= 0.03
+    # against the float64 lse of the reference's own scores: the FP32 rounding of each path only
+    own = dequantized_lse64(q, k, v, cu)
+    assert np.abs(lse - own.numpy()).max() <= 1e-4 * (1 + own.abs().max().item())
+
+
+def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(seed):
+    """The ring's step: this rank's queries (tokens 0 .. 199) against another rank's key block
+    (tokens 200 .. 374) of one packed sequence, with the whole segments' key mean and V amax,
+    through the kernel's cross plan (keys from one range, query bounds from the other) against
+    h3kernels.reference.attention_fp8_partial; rows whose segment has no keys there are left
+    unwritten (the merge gives them weight 0)."""
+    from h3kernels.parallel import local_seqlens
+
+    heads, scale = 2, HEAD_DIM ** -0.5
+    q, k, v, _, cu = make_attention_inputs([70, 0, 300, 5], heads, device="cpu", seed=seed, k_offset=5.0)
+    mean = R.segment_key_means(k, cu)
+    amax = torch.stack([v[a:b].float().abs().amax(0) if b > a else torch.zeros(heads, HD) for a, b in zip(cu, cu[1:])])
+    cu_q, cu_k = local_seqlens(cu, 0, 200), local_seqlens(cu, 200, 175)
+    qa, kb, vb = q[:200].contiguous(), k[200:].contiguous(), v[200:].contiguous()
+    tiles, block_offset, blocks, q_bounds = P.cross_plan_arrays(cu_q, cu_k, heads)
+    assert set(tiles[:, 4].tolist()) == {2}  # segment 0 has no keys there, segment 3 no queries
+    q8, s_q = R.quantize_rows(qa)
+    _, _, k8, s_k, v8, _ = R.quantize_attention_inputs(qa[:0], kb, vb, cu_k, k_mean=mean, v_amax=amax)
+    s_k_blocks = np.stack([s_k[first].numpy() for _, first, _ in blocks])
+    s_v = R.div(amax, 448.0).numpy()
+    u8 = lambda x: x.view(torch.uint8).numpy()
+    got, lse = emulate_kernel(tiles, block_offset, u8(q8), s_q.numpy(), u8(k8), s_k_blocks, Q.v_transposed(u8(v8), cu_k),
+                              s_v, heads, np.float32(scale * L.LOG2E), lse_inputs=(qa.float().numpy(), mean.numpy(), scale),
+                              q_bounds=q_bounds)
+    want, want_lse = R.attention_fp8_partial(qa, kb, vb, cu_q, cu_k, k_mean=mean, v_amax=amax)
+    rows = slice(70, 200)  # segment 2's queries
+    assert np.isnan(got[:70]).all() and np.isnan(lse[:, :70]).all()  # no keys here: not written
+    assert not np.isnan(got[rows]).any() and not np.isnan(lse[:, rows]).any()
+    assert rel_l2(got[rows], want[rows].float()) <= 0.03, rel_l2(got[rows], want[rows].float())
+    err = np.abs(lse[:, rows] - want_lse[:, rows].numpy()).max()
+    assert err <= 1e-4 * (1 + want_lse[:, rows].abs().max().item()), err
+
+
+def test_launch_values_fit_the_kernels_parameters(monkeypatch):
+    """Every launch of the operator and of the ring's step passes as many values as its kernel
+    has parameters (the Numba kernels' flattened arrays, the CUDA kernel's PARAMS)."""
+    from h3kernels._launch import numba_ptx
+
+    monkeypatch.setattr(numba_ptx, "kernel", lambda name, device_id: name)
+    ptr = 1 << 20
+    own = L.quant_launches(0, 300, 2, 3, 4, ptr, ptr, ptr, ptr, 1, ptr, ptr, ptr)
+    cross = L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, ptr, ptr)
+    assert [name for name, *_ in cross] == ["q_kernel", "k_quant_kernel", "v_quant_kernel"]
+    for name, kern, grid, threads, values in own + cross:
+        assert len(values) == len(numba_ptx.params(name)), name
+    assert len(L.PARAMS) == 19  # 13 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -472,6 +613,76 @@ def test_softmax_scale_and_zero_scales(seed):
     assert torch.isfinite(got.float()).all()
     assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
     assert (got[:, 2, 7] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens,heads,k_offset", [([0, 1, 127, 128, 129, 4096], 8, 0.0),
+                                                   ([300, 0, 77, 1, 2000], 56, 40.0), ([8192], 2, 0.0)])
+def test_lse_matches_float64(seqlens, heads, k_offset, seed):
+    """The operator's lse against the float64 lse of the reference's own scores (FP32 rounding
+    only) and of the unquantized scores (what FP8 costs), out unchanged by return_lse."""
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
+    plain = run_op(q, k, v, cu_dev, cu)
+    out, lse = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    torch.cuda.synchronize()
+    assert same_bits(out, plain)
+    assert lse.shape == (heads, q.shape[0]) and lse.dtype == torch.float32 and lse.is_cuda
+    lse = lse.cpu().double()
+    assert torch.isfinite(lse).all()
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    own = dequantized_lse64(qc, kc, vc, cu)
+    assert (lse - own).abs().max() <= 1e-4 * (1 + own.abs().max()), (lse - own).abs().max()
+    exact = R.lse_exact(qc, kc, cu)
+    assert (lse - exact).abs().max() <= 0.05 and (lse - exact).abs().mean() <= 0.01
+
+
+@pytest.mark.gpu
+def test_lse_with_out_aliasing_q(seed):
+    """out = q: the kernel reads each q element for the lse before the same thread writes that
+    element of out."""
+    q, k, v, cu_dev, cu = make_attention_inputs([700, 0, 129], 8, device="cuda", seed=seed, k_offset=10.0)
+    want = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    q2 = q.clone()
+    got = h3kernels.minimax_h3_varlen_attention_fp8(q2, k, v, cu_dev, q2, cu_seqlens_host=cu, return_lse=True)
+    torch.cuda.synchronize()
+    assert got[0] is q2 and same_bits(q2, want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_kernel_partial_attention_matches_the_reference_partial(seed):
+    """The ring's step on the GPU (kernel_partial_attention: the cross plan, the caller's key mean
+    and V amax) against the reference's, the rank boundary 256 keys into a segment so that both
+    use the whole segment's K scale grid."""
+    from h3kernels.parallel import local_seqlens
+    from h3kernels.parallel.local import kernel_partial_attention, reference_partial_attention
+
+    q, k, v, _, cu = make_attention_inputs([70, 0, 1286, 5], 8, device="cuda", seed=seed, k_offset=5.0)
+    mean = R.segment_key_means(k.cpu(), cu).cuda()
+    amax = torch.stack([v[a:b].float().abs().amax(0) if b > a else torch.zeros(8, 128, device="cuda")
+                        for a, b in zip(cu, cu[1:])])
+    cu_q, cu_k = local_seqlens(cu, 0, 326), local_seqlens(cu, 326, 1035)
+    args = (q[:326].contiguous(), k[326:].contiguous(), v[326:].contiguous(), cu_q, cu_k, HEAD_DIM ** -0.5, mean,
+            amax, None)
+    got, got_lse = kernel_partial_attention(*args)
+    want, want_lse = reference_partial_attention(*args)
+    torch.cuda.synchronize()
+    assert (got[:70] == 0).all() and torch.isinf(got_lse[:, :70]).all()  # no keys for segment 0 here
+    assert rel_l2(got[70:], want[70:]) <= 0.03, rel_l2(got[70:], want[70:])
+    assert (got_lse[:, 70:] - want_lse[:, 70:]).abs().max() <= 1e-4 * (1 + want_lse[:, 70:].abs().max())
+
+
+@pytest.mark.gpu
+def test_lse_of_no_tokens_and_the_torch_op(seed):
+    from h3kernels import torch_ops
+
+    q = torch.empty(0, 4, 128, dtype=torch.bfloat16, device="cuda")
+    out, lse = h3kernels.minimax_h3_varlen_attention_fp8(q, q, q, torch.zeros(1, dtype=torch.int32, device="cuda"),
+                                                         return_lse=True)
+    assert out.shape == (0, 4, 128) and lse.shape == (4, 0) and lse.dtype == torch.float32
+    q, k, v, cu_dev, cu = make_attention_inputs([5, 0, 300], 8, device="cuda", seed=seed)
+    want = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    got = torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu, return_lse=True)
+    assert same_bits(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

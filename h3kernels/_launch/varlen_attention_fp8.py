@@ -26,7 +26,9 @@ THREADS = 256  # 8 warps x 16 query rows
 TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8": SMEM_BYTES}
-PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32")
+PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
+          "u64", "u64", "u64", "i32", "f32", "u64")  # then lse (0: not wanted), q, mu, tokens, softmax_scale,
+# q_bounds (each segment's query rows; the plan's)
 
 LOG2E = 1.4426950408889634
 ALIGN = 256
@@ -116,9 +118,10 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     return out
 
 
-def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
-    """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream.
-    The call's device must be current."""
+def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
+    """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream,
+    and lse (f32 [heads, tokens]) <- the log-sum-exp of each row's true scores when given. The
+    call's device must be current."""
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
     f, max_ctas = attention_kernel(call.device_id, form)
@@ -128,8 +131,8 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
     with ws.lock:
         ws.wait(capturing)
         dev_plan = ws.plan((cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), capturing)
-        tiles, block_offset, blocks = dev_plan.ptrs
-        n_tiles, _, n = dev_plan.rows
+        tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
+        n_tiles, _, n, _ = dev_plan.rows
         offsets, nbytes = _offsets(tokens, heads, segments, n)
         base = ws.reserve(nbytes, capturing, dev_plan)
         cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
@@ -137,8 +140,66 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form):
                 call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
                 data_ptr(cu_seqlens), cu_stride, block_offset, blocks, base):
             kern.launch(stream, grid, threads, values)
-        o_q8, o_k8, o_v8t, o_sq, o_sk, _, o_sv, _ = offsets
+        o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _ = offsets
         f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
-                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E))
+                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
+                  0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu, tokens, scale, q_bounds))
+        ws.record(capturing)
+
+
+def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, blocks, base):
+    """The passes of run_partial: the Q pass over q, the K and V passes over the key block with the
+    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes), into
+    the workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
+    vec, kern = numba_ptx.vector, numba_ptx.kernel
+    rows_q, words_k = tokens_q * heads, tokens_k * heads * 32
+    blocks_arr = (0, 0, 3 * n, 8, blocks, n, 3, 24, 8)
+    plane = heads * HEAD_DIM
+    out = []
+    add = lambda name, grid, threads, values: out.append((name, kern(name, device_id), grid, threads, values))
+    if tokens_q:
+        add("q_kernel", (-(-rows_q // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
+            (*vec(q, rows_q * 32, 8), *vec(base + o_q8, rows_q * 32, 4), *vec(base + o_sq, rows_q, 4), rows_q))
+    if n:
+        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(k, words_k, 8), *vec(mu, segments * plane, 4), *blocks_arr, *vec(base + o_k8, words_k, 4),
+             *vec(base + o_sk, n * heads, 4), heads))
+        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
+            (*vec(v, words_k, 8), *vec(s_v, segments * plane, 4), *blocks_arr,
+             *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
+    return out
+
+
+def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
+    """The ring's step on the call's stream: the queries of segment i of q (rows cu_q[i] ..
+    cu_q[i + 1]) against the keys of segment i of k, v (cu_k), K centred on mu and V scaled by s_v
+    (the caller's f32 [segments, heads, 128] arrays: the whole segments' statistics), K scaled
+    per 128-key block from each segment's first key in k. out and lse (f32 [heads, q tokens]) are
+    written for the rows of segments that have keys here, and left as they are elsewhere. The
+    call's device must be current."""
+    tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
+    segments = len(cu_q) - 1
+    f, max_ctas = attention_kernel(call.device_id, form)
+    ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
+    capturing = call.capturing
+    stream = call.stream_ptr
+    with ws.lock:
+        ws.wait(capturing)
+        dev_plan = ws.plan(("cross", cu_q, cu_k, heads), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), capturing)
+        tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
+        n_tiles, _, n, _ = dev_plan.rows
+        offsets, nbytes = _offsets(max(tokens_q, tokens_k), heads, segments, n)
+        base = ws.reserve(nbytes, capturing, dev_plan)
+        if n_tiles:
+            for _, kern, grid, threads, values in partial_launches(
+                    call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
+                    data_ptr(mu), data_ptr(s_v), blocks, base):
+                kern.launch(stream, grid, threads, values)
+            o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _ = offsets
+            f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
+                     (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
+                      data_ptr(s_v), data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, data_ptr(lse), data_ptr(q),
+                      data_ptr(mu), tokens_q, scale, q_bounds))
         ws.record(capturing)

@@ -1,6 +1,6 @@
 """The attention's argument checks, shared by h3kernels.varlen_attention_fp8 and
 h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens), the scalars
-(softmax_scale, fp8_mma_form) and workspace_bytes' device argument (device)."""
+(softmax_scale, fp8_mma_form, return_lse) and workspace_bytes' device argument (device)."""
 import math
 
 from h3kernels import _validate as v
@@ -43,6 +43,13 @@ def fp8_mma_form(form):
     """-1 (the board's), 0 (legacy e4m3 mma) or 2 (kind::f8f6f4); whether the board has the form
     is the launcher's to check, once the device is known."""
     return v.one_of("fp8_mma_form", form, FP8_MMA_FORMS)
+
+
+def return_lse(flag):
+    """True or False (a bool: 0 and 1 are refused, a mistyped positional argument would pass)."""
+    if not isinstance(flag, bool):
+        v.fail("return_lse", repr(flag), "True or False", TypeError)
+    return flag
 
 
 def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):

@@ -1,0 +1,105 @@
+"""The checks of h3kernels.parallel, made on each rank before any communication: the local
+q, k, v and out, the global segment boundaries, the ranks' token counts, the head split and the
+devices the process group's backend can move."""
+import numbers
+
+from h3kernels import _validate as v
+from h3kernels._runtime import arrays as adapter
+from h3kernels.constants import HEAD_DIM
+
+# the backends whose tensors live on one kind of device
+BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
+
+
+def local_arrays(q, k, v_, out):
+    """Local q, k, v (and out when given): bf16 torch tensors [tokens, heads >= 1, 128] of one
+    shape, contiguous, on one device. Returns (tokens, heads)."""
+    v.arrays(v.TORCH_TENSORS, dict(q=q, k=k, v=v_), dict(out=out))
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.dtype(name, a, adapter.BF16)
+    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
+        v.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
+    for name, a in (("k", k), ("v", v_)):
+        if tuple(a.shape) != tuple(q.shape):
+            v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.contiguous_(name, a)
+    if out is not None:
+        v.array("out", out, adapter.BF16, tuple(q.shape))
+    v.one_device(dict(q=q, k=k, v=v_, out=out))
+    return int(q.shape[0]), int(q.shape[1])
+
+
+def backend_device(q, backend):
+    """q's device is one the backend moves: CUDA tensors with NCCL, CPU tensors with gloo."""
+    want = BACKEND_DEVICE.get(str(backend))
+    if want is not None and q.device.type != want:
+        need = "a CUDA tensor" if want == "cuda" else "a CPU tensor"
+        v.fail("q", f"a tensor on {q.device}", f"{need} with the {backend} backend")
+
+
+def heads_split(heads, world):
+    """Ulysses gives each rank heads / world whole heads."""
+    if heads % world:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        v.fail("q", f"{heads} heads over {world} ranks",
+               f"a world size that divides the heads ({', '.join(map(str, divisors))})")
+
+
+def host_ints(name, values):
+    """A host sequence of ints (list, tuple, numpy array or CPU tensor) as a tuple."""
+    if adapter.kind_of(values) == "cupy" or getattr(values, "is_cuda", False):
+        v.fail(name, "a device array", "a host sequence of ints", TypeError)
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        out = tuple(values)
+    except TypeError:
+        v.fail(name, v.type_name(values), "a sequence of ints", TypeError)
+    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in out):
+        v.fail(name, type(values).__name__, "a sequence of ints", TypeError)
+    return tuple(int(x) for x in out)
+
+
+def tokens_per_rank(counts, world, rank, local_tokens):
+    """world counts >= 0, this rank's equal to its q.shape[0]."""
+    counts = host_ints("tokens_per_rank", counts)
+    if len(counts) != world:
+        v.fail("tokens_per_rank", f"{len(counts)} entries", f"{world}, one per rank")
+    if any(c < 0 for c in counts):
+        v.fail("tokens_per_rank", f"{counts}", "counts >= 0")
+    if counts[rank] != local_tokens:
+        v.fail("tokens_per_rank", f"{counts[rank]} tokens for rank {rank}", f"q.shape[0] = {local_tokens}")
+    return counts
+
+
+def global_seqlens(cu, total):
+    """The packed sequence's segment boundaries over all ranks: starts at 0, non-decreasing,
+    ends at the total token count."""
+    cu = host_ints("cu_seqlens", cu)
+    if len(cu) < 1:
+        v.fail("cu_seqlens", "0 entries", "segments + 1 >= 1 entries")
+    if cu[0] != 0:
+        v.fail("cu_seqlens", f"first entry {cu[0]}", "0")
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        if b < a:
+            v.fail("cu_seqlens", f"entries {a}, {b} at {i}, {i + 1}", "non-decreasing entries")
+    if cu[-1] != total:
+        v.fail("cu_seqlens", f"last entry {cu[-1]}", f"the tokens of all ranks = {total}")
+    return cu
+
+
+def plain_attention(dropout_p, causal, window_size, softcap, alibi_slopes, return_softmax):
+    """attn_forward serves non-causal attention without dropout, window, softcap or ALiBi."""
+    if dropout_p != 0:
+        v.fail("dropout_p", repr(dropout_p), "0.0 (inference attention)")
+    if causal:
+        v.fail("causal", repr(causal), "False (the H3 DiT's attention is bidirectional)")
+    if tuple(window_size) != (-1, -1):
+        v.fail("window_size", repr(window_size), "(-1, -1)")
+    if softcap:
+        v.fail("softcap", repr(softcap), "0.0")
+    if alibi_slopes is not None:
+        v.fail("alibi_slopes", "a tensor", "None")
+    if return_softmax:
+        v.fail("return_softmax", repr(return_softmax), "False")

@@ -1,0 +1,67 @@
+"""The attention each rank runs on its share: the GPU kernels on CUDA tensors, the reference
+(h3kernels.reference) elsewhere. Callers may give their own callables of the same forms (tests
+use the reference on the CPU; a peer kernel could be plugged in the same way)."""
+import torch
+
+from h3kernels import reference as R
+from h3kernels.constants import E4M3_MAX
+
+
+def default_attention(q, k, v, cu_seqlens, softmax_scale, return_lse):
+    """Packed-varlen attention of q, k, v [tokens, heads, 128] over the segments of cu_seqlens
+    (a tuple of ints): out, or (out, lse) with lse f32 [heads, tokens] of the true scores."""
+    if q.is_cuda:
+        from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8
+
+        cu_dev = torch.tensor(cu_seqlens, dtype=torch.int32, device=q.device)
+        return minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu_seqlens,
+                                               softmax_scale=softmax_scale, return_lse=return_lse)
+    return R.attention_fp8(q, k, v, cu_seqlens, softmax_scale, return_lse=return_lse)
+
+
+def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+    """Queries of segment i of q (cu_seqlens_q) against keys of segment i of k, v (cu_seqlens_k),
+    K centred on the given whole-segment mean k_mean and V scaled by the whole segment's v_amax
+    (f32 [segments, heads, 128]), each key's K scale k_scale (f32 [k tokens, heads]): (out bf16,
+    lse f32 [heads, q tokens]), lse -inf and out 0 where a segment has no keys here. The GPU
+    kernel on CUDA tensors (kernel_partial_attention), the reference elsewhere."""
+    if q.is_cuda:
+        return kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
+    return reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
+
+
+def reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+    """default_partial_attention by h3kernels.reference, on any device (on CUDA tensors: torch code,
+    correct and slow)."""
+    longest = max((b - a for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:])), default=1)
+    # query rows per chunk: FP32 scores of at most about 2 GiB at a time
+    chunk = max(16, min(1024, (1 << 29) // max(1, q.shape[1] * longest)))
+    return R.attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean=k_mean, v_amax=v_amax,
+                                   k_scale=k_scale, query_chunk=chunk)
+
+
+def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+    """default_partial_attention by the attention kernel (cuda_src/varlen_attention_fp8.cu with its
+    cross plan) on CUDA tensors. Its K scale blocks start at each segment's first key in k, so
+    k_scale is not used: the same grid as the whole segment's wherever a rank boundary lies a
+    multiple of 128 keys into the segment (an even split of 65536 tokens, for one)."""
+    from h3kernels._launch import varlen_attention_fp8 as launch
+    from h3kernels._runtime import arrays, targets
+
+    heads = q.shape[1]
+    out = torch.zeros_like(q)
+    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return out, lse
+    call = arrays.Call(dict(q=q, k=k, v=v))
+    form = targets.mma_form(call.device_id, -1)
+    mu = k_mean.to(torch.float32).contiguous()
+    amax = v_amax.to(torch.float32)
+    s_v = (amax / torch.full_like(amax, E4M3_MAX)).contiguous()  # RN(amax / 448), as the V pass
+    previous = call.make_current()
+    try:
+        launch.run_partial(call, q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k), heads, softmax_scale, out, lse,
+                           mu, s_v, form)
+    finally:
+        arrays.restore(previous)
+    return out, lse

@@ -1,0 +1,316 @@
+"""h3kernels.parallel on the CPU: gloo groups of 2, 3 and 4 processes (h3kernels.testing.
+distributed), the reference as each rank's attention. Ulysses equals the single-process attention
+bit for bit; ring is within 0.03 rel L2 of it; uneven token ranges, segments crossing ranks, empty
+ranks; bad head counts, devices and layouts raise before any message and write nothing, and the
+group stays usable after them. The per-rank (out, lse) form for xDiT / yunchang, and the MLP's
+token parallelism. GPU: the same over NCCL on two GPUs.
+"""
+import math
+
+import pytest
+import torch
+
+from h3kernels import parallel
+from h3kernels import reference as R
+from h3kernels.testing.checks import rel_l2, same_bits
+from h3kernels.testing.distributed import run_ranks
+from h3kernels.testing.inputs import make_attention_inputs
+
+MODULE = __name__
+
+# name -> (mode, segment lengths, heads, tokens per rank); every set crosses rank boundaries
+CASES = {
+    2: [("u56", "ulysses", [40, 0, 200, 1, 130], 56, (150, 221)),
+        ("r4", "ring", [40, 0, 200, 1, 130], 4, (150, 221)),
+        ("r4-one-rank-empty", "ring", [300, 71], 4, (0, 371))],
+    3: [("u6-empty-middle", "ulysses", [10, 250, 111], 6, (120, 0, 251)),
+        ("r56-empty-middle", "ring", [10, 250, 111], 56, (120, 0, 251)),
+        ("r3-no-crossing", "ring", [100, 0, 50, 70], 3, (100, 50, 70))],
+    4: [("u56", "ulysses", [0, 77, 260, 1, 40], 56, (0, 90, 200, 88)),
+        ("r2", "ring", [0, 77, 260, 1, 40], 2, (0, 90, 200, 88)),
+        ("r2-four-way", "ring", [378], 2, (100, 100, 100, 78))],
+}
+
+
+def inputs(seqlens, heads, seed):
+    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed, k_offset=3.0)
+    return q, k, v, cu
+
+
+def local(t, counts, rank):
+    a = sum(counts[:rank])
+    return t[a:a + counts[rank]].contiguous()
+
+
+def error_cases(rank, world, seed):
+    """Bad calls on every rank: (type name, message, out kept its poison) each, then a good call
+    on the same group (nothing was left in flight)."""
+    q, k, v, cu = inputs([30, 50], 56, seed)
+    counts = (30, 20, 30)
+    ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    calls = {
+        "heads": lambda out: parallel.ulysses_attention(ql, kl, vl, cu, out=out),
+        "devices": lambda out: parallel.ring_attention(ql, kl.to("meta"), vl, cu, out=out),
+        "backend": lambda out: parallel.ulysses_attention(*(t[:, :6].to("meta") for t in (ql, kl, vl)), cu),
+        "tokens_per_rank": lambda out: parallel.ring_attention(ql, kl, vl, cu, tokens_per_rank=(30, 50), out=out),
+        "cu_total": lambda out: parallel.ring_attention(ql, kl, vl, [0, 30, 81], out=out),
+        "return_lse": lambda out: parallel.ring_attention(ql, kl, vl, cu, out=out, return_lse=1),
+    }
+    res = {}
+    for name, call in calls.items():
+        out = torch.full_like(ql, 7.0)
+        try:
+            call(out)
+            res[name] = ("no error", "", None)
+        except (TypeError, ValueError) as e:
+            res[name] = (type(e).__name__, str(e), bool((out == 7).all()))
+    six = [t[:, :6].contiguous() for t in (ql, kl, vl)]
+    res["after"] = parallel.ulysses_attention(*six, cu, return_lse=True)
+    return res
+
+
+def rank_cases(rank, world, seed):
+    """Every case of CASES[world] on this rank: {name: (out, lse)}, and the bad calls."""
+    res = {}
+    for i, (name, mode, seqlens, heads, counts) in enumerate(CASES[world]):
+        q, k, v, cu = inputs(seqlens, heads, seed)
+        ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+        fn = parallel.ulysses_attention if mode == "ulysses" else parallel.ring_attention
+        given = counts if i % 2 else None  # tokens_per_rank given (on every rank), or gathered
+        out = torch.full_like(ql, float("nan"))
+        got = fn(ql, kl, vl, torch.tensor(cu, dtype=torch.int32), tokens_per_rank=given, out=out, return_lse=True)
+        assert got[0] is out
+        res[name] = got
+    if world == 3:
+        res["errors"] = error_cases(rank, world, seed)
+    if world == 2:  # a caller's own per-rank attention: it sees all tokens of half the heads
+        seen = []
+
+        def spy(q, k, v, cu, scale, want_lse):
+            seen.append((tuple(q.shape), tuple(cu), scale, want_lse))
+            return R.attention_fp8(q, k, v, cu, scale, return_lse=want_lse)
+
+        name, _, seqlens, heads, counts = CASES[2][0]
+        q, k, v, cu = inputs(seqlens, heads, seed)
+        ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+        laps = {}
+        res["spy"] = (parallel.ulysses_attention(ql, kl, vl, cu, local_attention=spy, softmax_scale=0.1,
+                                                 timings=laps), seen)
+        parallel.ring_attention(ql, kl, vl, cu, timings=laps)
+        res["laps"] = sorted(laps)
+    return res
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"{w}ranks")
+def ranks(request, seed_of):
+    world = request.param
+    seed = seed_of(f"parallel-{world}")
+    return world, seed, run_ranks(world, MODULE, "rank_cases", (seed,))
+
+
+def gathered(results, name):
+    outs, lses = zip(*(r[name] for r in results))
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def test_ulysses_equals_single_process_bitwise(ranks):
+    world, seed, results = ranks
+    for name, mode, seqlens, heads, counts in CASES[world]:
+        if mode != "ulysses":
+            continue
+        q, k, v, cu = inputs(seqlens, heads, seed)
+        want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
+        out, lse = gathered(results, name)
+        assert same_bits(out, want), name
+        assert same_bits(lse, want_lse), name
+        assert [r[name][0].shape[0] for r in results] == list(counts)
+
+
+def test_ulysses_runs_a_given_local_attention(ranks):
+    world, seed, results = ranks
+    if world != 2:
+        pytest.skip("runs in the 2-rank group")
+    name, _, seqlens, heads, counts = CASES[2][0]
+    q, k, v, cu = inputs(seqlens, heads, seed)
+    for r in results:
+        out, seen = r["spy"]
+        assert seen == [((sum(counts), heads // 2, 128), tuple(cu), 0.1, False)]
+        assert r["laps"] == ["attention", "comm"]  # timings: communication apart from the attention
+    got = torch.cat([r["spy"][0] for r in results])
+    assert same_bits(got, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))
+
+
+RING_REL_L2 = {}
+
+
+def test_ring_is_within_0_03_of_single_process(ranks):
+    world, seed, results = ranks
+    for name, mode, seqlens, heads, counts in CASES[world]:
+        if mode != "ring":
+            continue
+        q, k, v, cu = inputs(seqlens, heads, seed)
+        want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
+        out, lse = gathered(results, name)
+        assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+        err = rel_l2(out, want)
+        RING_REL_L2[(world, name)] = err
+        print(f"ring {world} ranks {name}: rel L2 {err:.5f} from single-process, lse max |diff| "
+              f"{(lse - want_lse).abs().max().item():.2e}")
+        assert err <= 0.03, (name, err)
+        # against float64 attention, ring costs at most a little over the single process's own error
+        exact = R.attention_exact(q, k, v, cu)
+        assert rel_l2(out, exact) <= 1.1 * rel_l2(want, exact) + 1e-3, name
+        exact_lse = R.lse_exact(q, k, cu)
+        assert (lse.double() - exact_lse).abs().max() <= (want_lse.double() - exact_lse).abs().max() + 0.01, name
+        # K and V quantize as on one device: the lse differs only by FP32 rounding (measured 2e-6)
+        assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max()), name
+
+
+def test_bad_calls_raise_before_any_message_and_write_nothing(ranks):
+    world, seed, results = ranks
+    if world != 3:
+        pytest.skip("the bad calls run in the 3-rank group")
+    want = {
+        "heads": ("ValueError", "q: got 56 heads over 3 ranks; need a world size that divides the heads "
+                                "(1, 2, 4, 7, 8, 14, 28, 56)"),
+        "devices": ("ValueError", "k: got a tensor on meta while q is on cpu; need one device"),
+        "backend": ("ValueError", "q: got a tensor on meta; need a CPU tensor with the gloo backend"),
+        "tokens_per_rank": ("ValueError", "tokens_per_rank: got 2 entries; need 3, one per rank"),
+        "cu_total": ("ValueError", "cu_seqlens: got last entry 81; need the tokens of all ranks = 80"),
+        "return_lse": ("TypeError", "return_lse: got 1; need True or False"),
+    }
+    for rank, r in enumerate(results):
+        errors = r["errors"]
+        for name, (exc, msg) in want.items():
+            got_exc, got_msg, untouched = errors[name]
+            assert got_exc == exc and got_msg.startswith(msg), (rank, name, got_exc, got_msg)
+            assert untouched in (True, None), (rank, name)
+    q, k, v, cu = inputs([30, 50], 56, seed)
+    want_out, want_lse = R.attention_fp8(*(t[:, :6].contiguous() for t in (q, k, v)), cu, return_lse=True)
+    out, lse = gathered([r["errors"] for r in results], "after")
+    assert same_bits(out, want_out) and same_bits(lse, want_lse)
+
+
+def test_local_seqlens_clip_segments_to_a_rank():
+    cu = (0, 10, 10, 260, 371)
+    assert parallel.local_seqlens(cu, 0, 120) == (0, 10, 10, 120, 120)
+    assert parallel.local_seqlens(cu, 120, 0) == (0, 0, 0, 0, 0)
+    assert parallel.local_seqlens(cu, 120, 251) == (0, 0, 0, 140, 251)
+    assert parallel.starts((120, 0, 251)) == (0, 120, 120)
+
+
+def test_lse_merge_of_key_halves_is_the_whole(seed):
+    """Two partials of the reference over the two halves of each segment's keys, with the whole
+    segments' key mean and V amax, merge to the whole attention (within the P rounding) and to
+    its lse."""
+    q, k, v, cu = inputs([100, 0, 257], 3, seed)
+    mean = R.segment_key_means(k, cu)
+    amax = torch.stack([v[a:b].float().abs().amax(0) if b > a else torch.zeros(3, 128) for a, b in zip(cu, cu[1:])])
+    half = [0, 50, 50, 178]
+    k1, v1 = k[[*range(0, 50), *range(100, 228)]], v[[*range(0, 50), *range(100, 228)]]
+    k2, v2 = k[[*range(50, 100), *range(228, 357)]], v[[*range(50, 100), *range(228, 357)]]
+    s_k = R.quantize_attention_inputs(q, k, v, cu)[3]  # the whole segments' 128-key block scales
+    i1, i2 = [*range(0, 50), *range(100, 228)], [*range(50, 100), *range(228, 357)]
+    merge = parallel.LseMerge(q.shape[0], 3, 128, "cpu")
+    merge.add(*R.attention_fp8_partial(q, k1, v1, cu, half, k_mean=mean, v_amax=amax, k_scale=s_k[i1]))
+    merge.add(*R.attention_fp8_partial(q, k2, v2, cu, [0, 50, 50, 179], k_mean=mean, v_amax=amax, k_scale=s_k[i2]))
+    out, lse = merge.result()
+    want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
+    # P rounds against each half's own maximum, so the merge and the whole round P independently
+    # (rel L2 about 0.03 between them); against float64 attention the merge is as accurate as the
+    # whole, and its lse is the whole's up to FP32 rounding
+    exact = R.attention_exact(q, k, v, cu)
+    assert rel_l2(out, exact) <= 1.02 * rel_l2(want, exact), (rel_l2(out, exact), rel_l2(want, exact))
+    assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max())
+    # a partial over no keys weighs nothing
+    none = R.attention_fp8_partial(q, k[:0], v[:0], cu, [0, 0, 0, 0], k_mean=mean, v_amax=amax)
+    assert torch.isinf(none[1]).all() and (none[0] == 0).all()
+    merge.add(*none)
+    assert same_bits(merge.result()[0], out)
+
+
+def test_partial_with_one_segmentation_is_the_attention(seed):
+    q, k, v, cu = inputs([100, 0, 257], 3, seed)
+    got = R.attention_fp8_partial(q, k, v, cu, cu)
+    want = R.attention_fp8(q, k, v, cu, return_lse=True)
+    assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
+
+
+def test_attn_forward_is_the_per_rank_attention_with_lse(seed):
+    q, k, v, _ = inputs([64, 64, 64], 2, seed)
+    q4, k4, v4 = (t.view(3, 64, 2, 128) for t in (q, k, v))
+    out, lse = parallel.attn_forward(q4, k4, v4, 0.0, None, False)
+    want, want_lse = R.attention_fp8(q, k, v, [0, 64, 128, 192], return_lse=True)
+    assert out.shape == (3, 64, 2, 128) and lse.shape == (3, 2, 64) and lse.dtype == torch.float32
+    assert same_bits(out.reshape(192, 2, 128), want)
+    assert same_bits(lse, want_lse.view(2, 3, 64).transpose(0, 1))
+    packed = parallel.attn_forward(q[None], k[None], v[None], cu_seqlens=[0, 100, 192], return_lse=False)
+    assert same_bits(packed[0], R.attention_fp8(q, k, v, [0, 100, 192]))
+    empty = torch.zeros(2, 0, 2, 128, dtype=torch.bfloat16)
+    out, lse = parallel.attn_forward(empty, empty, empty)
+    assert out.shape == (2, 0, 2, 128) and lse.shape == (2, 2, 0)
+    for kw, msg in ((dict(causal=True), "causal: got True"), (dict(dropout_p=0.1), "dropout_p: got 0.1"),
+                    (dict(window_size=(8, 8)), "window_size: got (8, 8)")):
+        with pytest.raises(ValueError, match="^" + msg.replace("(", r"\(").replace(")", r"\)")):
+            parallel.attn_forward(q4, k4, v4, **kw)
+
+
+def test_mlp_is_token_parallel_bitwise(seed):
+    """Each rank's token range through the reference MLP, with the same weights and AdaLN tables,
+    is that slice of the whole batch's output, bit for bit: no row depends on another."""
+    from h3kernels.constants import FC1_OUT, FFN, HIDDEN
+
+    g = torch.Generator().manual_seed(seed)
+    m, rows = 11, 3
+    x = torch.randn(m, HIDDEN, generator=g).bfloat16()
+    norm = (1 + 0.1 * torch.randn(HIDDEN, generator=g)).bfloat16()
+    scale, shift, gate = (torch.randn(rows, HIDDEN, generator=g).bfloat16() for _ in range(3))
+    idx = torch.randint(0, rows, (m,), generator=g)
+    residual = torch.randn(m, HIDDEN, generator=g).bfloat16()
+    w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g) * HIDDEN ** -0.5).bfloat16()
+    w2 = (torch.randn(HIDDEN, FFN, generator=g) * FFN ** -0.5).bfloat16()
+    weights = R.prepare_minimax_h3_fc1_weight_fp8(w1) + R.prepare_minimax_h3_fc2_weight_fp8(w2)
+    mlp = lambda a, b: R.minimax_h3_mlp_fp8(x[a:b], norm, scale, shift, idx[a:b], gate, residual[a:b], *weights)
+    whole = mlp(0, m)
+    for a, b in ((0, 4), (4, 5), (5, 11)):  # three ranks' ranges, uneven
+        assert same_bits(mlp(a, b), whole[a:b]), (a, b)
+
+
+# --- GPU: NCCL on two GPUs ------------------------------------------------------------------------
+
+def nccl_ranks(rank, world, seed):
+    """Ulysses and ring with the GPU kernels on GPU `rank`, 56 heads, a segment crossing ranks 1024
+    keys into it (on the whole segment's 128-key K scale grid)."""
+    q, k, v, _, cu = make_attention_inputs([3000, 5000, 192], 56, device="cuda", seed=seed)
+    counts = (4024, 4168)
+    ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    try:
+        parallel.ulysses_attention(ql.cpu(), kl.cpu(), vl.cpu(), cu)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    u = parallel.ulysses_attention(ql, kl, vl, cu, return_lse=True)
+    r = parallel.ring_attention(ql, kl, vl, cu, return_lse=True)
+    return [t.cpu() for t in (*u, *r)] + [refused]
+
+
+@pytest.mark.gpu
+def test_nccl_two_gpus_match_one(seed):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    import h3kernels
+
+    results = run_ranks(2, MODULE, "nccl_ranks", (seed,), backend="nccl")
+    q, k, v, cu_dev, cu = make_attention_inputs([3000, 5000, 192], 56, device="cuda", seed=seed)
+    want, want_lse = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    want, want_lse = want.cpu(), want_lse.cpu()
+    u_out = torch.cat([r[0] for r in results])
+    u_lse = torch.cat([r[1] for r in results], dim=1)
+    assert same_bits(u_out, want) and same_bits(u_lse, want_lse)
+    assert all(r[4] == "q: got a tensor on cpu; need a CUDA tensor with the nccl backend" for r in results)
+    r_out = torch.cat([r[2] for r in results])
+    r_lse = torch.cat([r[3] for r in results], dim=1)
+    print(f"ring over NCCL on 2 GPUs: rel L2 {rel_l2(r_out, want):.5f} from one GPU, lse max |diff| "
+          f"{(r_lse - want_lse).abs().max().item():.2e}")
+    assert math.isfinite(rel_l2(r_out, want)) and rel_l2(r_out, want) <= 0.03
+    assert (r_lse - want_lse).abs().max() <= 1e-3 * (1 + want_lse.abs().max())
