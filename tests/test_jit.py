@@ -94,3 +94,16 @@ def test_compile_check_counts_dynamic_shared_memory(monkeypatch, capsys):
     report = compile_check.check(("sm_90",), ["fp8_convert"])
     assert not report["ok"] and any("101377 B static + dynamic smem" in f for f in report["failures"])
     assert "101377 B static + dynamic smem" in capsys.readouterr().out
+
+
+def test_sass_with_an_nvdisasm_that_rejects_the_cubins_exits_3(monkeypatch, tmp_path, capsys):
+    """A same-release nvdisasm may still call the build's cubins invalid ELF (the H200's 13.0.85
+    with NVRTC 13.0): --sass then says so and exits 3, as for a missing nvdisasm."""
+    from h3kernels.cli import main
+
+    tool = tmp_path / "nvdisasm"
+    tool.write_text('#!/bin/sh\necho "nvdisasm fatal   : File $2 is an invalid ELF file" >&2\nexit 1\n')
+    tool.chmod(0o755)
+    monkeypatch.setattr(compile_check, "nvdisasm_for", lambda major: (str(tool), (major, 0)))
+    assert main(["compile_check", "fp8_convert", "--arch", "sm_90", "--sass"]) == 3
+    assert "invalid ELF file" in capsys.readouterr().err

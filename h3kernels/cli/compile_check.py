@@ -126,12 +126,19 @@ def nvdisasm_path():
 
 
 def mma_instructions(cubin, tool):
-    """Counter of matrix instructions in a cubin, read by the nvdisasm at `tool`."""
+    """Counter of matrix instructions in a cubin, read by the nvdisasm at `tool`. MissingNeed when
+    that nvdisasm rejects the build's cubins as a whole: the H200's CUDA 13.0.85 nvdisasm calls
+    NVRTC 13.0's cubins (CUDA ELF, ABI version 8) an "invalid ELF file"."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return collections.Counter(_MMA.findall(text))
+        done = subprocess.run([tool, "-c", f.name], capture_output=True, text=True)
+    if done.returncode and "invalid ELF" in done.stderr:
+        raise MissingNeed(f"--sass needs an nvdisasm that reads this NVRTC's cubins; {tool} says: "
+                          f"{done.stderr.strip().splitlines()[-1]}")
+    if done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    return collections.Counter(_MMA.findall(done.stdout))
 
 
 def _nonce():
