@@ -7,7 +7,7 @@
 # 12.8) and the CUDA 12 libraries it pulls in are several GB.
 #
 # Usage: bash bench/cuda12_wheels.sh [DIR] [PART_MIB]   (DIR defaults to .whl12, PART_MIB to 60)
-# Leaves DIR/part-NN (carry one per call, e.g. carry ["DIR/part-00"]) and DIR/SHA256SUMS (the
+# Leaves DIR/part-NN (copy them to the GPU machine in as many transfers as its limits need) and DIR/SHA256SUMS (the
 # wheels' checksums, carried with the first part); the downloaded wheels stay in DIR/wheels.
 set -euo pipefail
 dir=${1:-.whl12}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5 on the GPU in one device-tool call (carry [".whl"]: numpy 2.4 and hypothesis wheels):
+# The reliability run on a GPU in one go (with the numpy 2.4 and hypothesis wheels of .whl/ beside the checkout):
 # the whole suite, then the hypothesis fuzzing with H3KERNELS_FUZZ_EXAMPLES cases per operator.
 # compute-sanitizer runs separately: bench/sanitize.sh. Logs under $OUT.
 set -u -o pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck) over both operators at three sizes each,
 # ragged segment lists included. Logs under $OUT/sanitize/, one line per run on
-# stdout. Usage on the device machine (carry [".whl"]): bash bench/sanitize.sh [tools]
+# stdout. Usage on the GPU machine (with the wheels of .whl/ beside the checkout): bash bench/sanitize.sh [tools]
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
