@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from h3kernels._validate.varlen_attention_fp8 import return_lse as _check_return_lse
 from h3kernels.constants import HIDDEN
 
 
@@ -77,7 +78,5 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, cu_seqlens_host=None, s
     """torch.ops.h3kernels.minimax_h3_varlen_attention_fp8 (returns out), or with return_lse=True
     torch.ops.h3kernels.minimax_h3_varlen_attention_fp8_lse (returns (out, lse), lse FP32
     [heads, tokens]): return_lse is a Python bool, fixed when torch.compile traces the call."""
-    from h3kernels._validate.varlen_attention_fp8 import return_lse as check_return_lse
-
-    op = _attention_lse if check_return_lse(return_lse) else _attention
+    op = _attention_lse if _check_return_lse(return_lse) else _attention
     return op(q, k, v, cu_seqlens, cu_seqlens_host, softmax_scale, fp8_mma_form)
