@@ -113,3 +113,25 @@ def test_lse_op_is_registered_with_a_fake_implementation():
     assert "h3kernels.minimax_h3_varlen_attention_fp8_lse.default" in ops
     with pytest.raises(TypeError, match="^return_lse: got 1; need True or False"):
         torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu, return_lse=1)
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_attention_wrapper_traces_whole_on_meta_tensors(return_lse):
+    """The Python wrapper that picks the op by return_lse traces with fullgraph=True; on meta
+    tensors the ops' fake implementations give the shapes (no GPU needed)."""
+    import torch
+
+    from h3kernels import torch_ops
+
+    q = torch.empty(8, 2, 128, dtype=torch.bfloat16, device="meta")
+    cu = torch.tensor([0, 8], dtype=torch.int32, device="meta")
+    f = torch.compile(lambda q, k, v, cu: torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu, [0, 8],
+                                                                                     return_lse=return_lse),
+                      fullgraph=True, backend="eager")
+    got = f(q, q.clone(), q.clone(), cu)
+    if return_lse:
+        out, lse = got
+        assert (lse.shape, lse.dtype) == ((2, 8), torch.float32)
+    else:
+        out = got
+    assert (out.shape, out.dtype) == ((8, 2, 128), torch.bfloat16)
