@@ -27,3 +27,13 @@ def archs_for(source, default):
     arch-specific instructions, e.g. wgmma on sm_90a), else `default`."""
     op = _OPS.get(source)
     return tuple(getattr(op, "ARCHS", default))
+
+
+def forms_for(source, arch, uses_mma, mma_forms):
+    """The fp8_mma_form values cuda_src/<source>.cu is built for on `arch`: a family of its own
+    (FORM of its launch module, e.g. 3 for the wgmma kernels), else the arch's mma.sync forms
+    `mma_forms` where the source issues an mma, else one build (0)."""
+    op = _OPS.get(source)
+    if hasattr(op, "FORM"):
+        return (op.FORM,)
+    return tuple(mma_forms) if uses_mma else (0,)

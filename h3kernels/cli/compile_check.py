@@ -20,7 +20,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import archs_for, defines_for, dynamic_smem
+from h3kernels._launch.sources import archs_for, defines_for, dynamic_smem, forms_for
 from h3kernels._runtime import compiler
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
@@ -171,7 +171,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
         # no ptxas report for the repeats (seen on the H200), so it is checked once.
         uses_mma = "mma_e4m3_16832(" in compiler.read_with_includes(name)[0]
         for arch in archs_for(name, archs):
-            for form in compiler.MMA_FORMS[arch] if uses_mma else (0,):
+            for form in forms_for(name, arch, uses_mma, compiler.MMA_FORMS.get(arch, (0,))):
                 try:
                     cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
                                                            use_cache=False, appended=_nonce())
