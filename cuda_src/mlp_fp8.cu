@@ -7,7 +7,7 @@
 // 128 x 128 output tiles (in prepacked columns, i.e. 64 logical y columns) in bands of
 // GROUP_M m-tiles so that the tiles in flight share their operands in L2. Each tile streams
 // K through a STAGES-deep cp.async ring of 128-byte-wide K slices.
-#include "fp8_common.cuh"
+#include "mlp_fp8_common.cuh"
 
 // The tile, thread and size constants come from h3kernels/_launch/mlp_fp8.py (NVRTC -D), which
 // explains each: BM, BN, BK, STAGES, THREADS, GROUP_M, PRODUCERS, CHUNK_COLS, GROUP_ROWS, HIDDEN,
@@ -60,17 +60,6 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-// The tile at position `tile` of the persistent walk: bands of GROUP_M m-tiles, m fastest inside
-// a band, so that the tiles in flight share their operands in L2 (and, in FC2, the first tiles
-// need the first rows of y that the producers quantize first).
-__device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, int& m0, int& n0) {
-  const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
-  const int band_m = min(GROUP_M, m_tiles - first_m);
-  const int in_band = tile - band * GROUP_M * n_tiles;
-  m0 = (first_m + in_band % band_m) * BM;
-  n0 = (in_band / band_m) * BN;
 }
 
 // The loads of a persistent CTA: consecutive K slices of its tiles, tile after tile, into the
@@ -190,8 +179,6 @@ __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__
   cp_async_wait<0>();
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     h3_mlp_fc1(const u8* __restrict__ a_q, const float* __restrict__ a_scale, const u8* __restrict__ w1_q,
                const float* __restrict__ w1_scale, u16* __restrict__ y, int M) {
@@ -212,8 +199,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const float hu = round_bf16((up[e] * sa) * w1_scale[pg + 8 + e]);
             packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
           }
-          const int logical = (pg / 16) * 8 + (pg % 8);  // y column of pg
-          *reinterpret_cast<u32*>(y + (i64)row * FFN + logical) = packed;
+          *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
         }
       });
 }
@@ -228,17 +214,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #define CHUNKS (FFN / CHUNK_COLS)
 
 __device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(PRODUCERS) : "memory"); }
-
-// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
-// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
-__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
-
-__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
-  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
-  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
-  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
-  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
-}
 
 __device__ void produce_y_q(const u16* __restrict__ y, u8* __restrict__ y_q, float* __restrict__ y_scale,
                             int* flags, int M) {

@@ -31,6 +31,7 @@
 //                   and the error without promotion
 //   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
 #include "hopper_common.cuh"
+#include "mlp_fp8_common.cuh"
 
 // From h3kernels/_launch/mlp_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
@@ -58,15 +59,6 @@
 #define STAGE_BYTES ((BM + BN) * BK)
 #define CONSUMER_WARPS 8
 #define HALF_N 128  // columns of one wgmma
-
-// The tile at position `tile` of the persistent walk (as mlp_fp8.cu's tile_origin).
-__device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, int& m0, int& n0) {
-  const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
-  const int band_m = min(GROUP_M, m_tiles - first_m);
-  const int in_band = tile - band * GROUP_M * n_tiles;
-  m0 = (first_m + in_band % band_m) * BM;
-  n0 = (in_band / band_m) * BN;
-}
 
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
 // in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,
@@ -277,8 +269,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #endif
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
 // Thread t of a consumer warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per
 // half h and n8 block j, columns 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e].
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
@@ -317,8 +307,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa) * w1_scale[pg + 8 + e]);
             packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
           }
-          const int logical = (pg / 16) * 8 + (pg % 8);  // y column of pg
-          *reinterpret_cast<u32*>(y + (i64)row * FFN + logical) = packed;
+          *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
         }
     }
   });
@@ -364,19 +353,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
 }
 
 // --- y quantization: one CTA per row, the row held in registers between its amax and its
-// quantization. The arithmetic is mlp_fp8.cu's produce_y_q (max of the bf16 magnitudes' bits,
+// quantization. The arithmetic is mlp_fp8.cu's produce_y_q's (mlp_fp8_common.cuh: max of the bf16 magnitudes' bits,
 // one IEEE division by 448, one per element), so y_q and y_scale are bitwise the same.
-
-// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
-// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
-__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
-
-__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
-  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
-  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
-  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
-  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
-}
 
 #define QUANT_VECS (FFN / 8 / QUANT_THREADS)  // 16-byte vectors of y per thread
 

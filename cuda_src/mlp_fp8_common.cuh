@@ -1,0 +1,35 @@
+// What both MLP GEMM families (mlp_fp8.cu: mma.sync; mlp_fp8_sm90a.cu: wgmma) share: the
+// persistent tile walk, SiLU, FC1's column order and the y quantization's arithmetic, whose one
+// definition keeps y_q and y_scale bitwise equal between the families. (The epilogues' few
+// lines stay in each kernel: as helpers they compiled to other instruction schedules.) Needs BM,
+// BN and GROUP_M from the including source's -D constants.
+#pragma once
+#include "fp8_common.cuh"
+
+// The tile at position `tile` of the persistent walk: bands of GROUP_M m-tiles, m fastest inside
+// a band, so that the tiles in flight share their operands in L2 (and, in the mma.sync FC2, the
+// first tiles need the first rows of y that the producers quantize first).
+__device__ __forceinline__ void tile_origin(int tile, int m_tiles, int n_tiles, int& m0, int& n0) {
+  const int band = tile / (GROUP_M * n_tiles), first_m = band * GROUP_M;
+  const int band_m = min(GROUP_M, m_tiles - first_m);
+  const int in_band = tile - band * GROUP_M * n_tiles;
+  m0 = (first_m + in_band % band_m) * BM;
+  n0 = (in_band / band_m) * BN;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// The y column of prepacked FC1 gate column pg (8 gate rows, then their 8 up rows).
+__device__ __forceinline__ int fc1_logical_column(int pg) { return (pg / 16) * 8 + (pg % 8); }
+
+// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
+// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
+__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
+
+// Four bf16 values of a y row -> four e4m3 codes against the row's scale s.
+__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
+  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
+  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
+  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
+  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
+}
