@@ -47,9 +47,9 @@ import time
 
 import torch
 
-from h3kernels.testing.checks import rel_l2
+from h3kernels.testing.checks import reference_rows, rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
-from h3kernels.constants import H3_HEADS, HEAD_DIM
+from h3kernels.constants import H3_HEADS
 from h3kernels.testing.timing import attention_flops
 from h3kernels.testing.timing import median_ms, median_ms_batched
 from h3kernels.peers.torch_attention import SegmentedSDPA
@@ -65,7 +65,6 @@ PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"),
 PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is marked "!"
 VARIANTS = (("mma.sync", 0),)  # (name, fp8_mma_form): the kernel families timed
 H3REF_OK_REL_L2 = 0.03  # ours vs h3kernels.reference on long segments (docs/spec.md, Accuracy bounds)
-REF_ROWS_CHUNK = 256  # query rows per reference step: [56, 256, 65536] f32 scores = 3.8 GB
 
 
 class Hung(Exception):
@@ -94,44 +93,6 @@ def sample_index(s, dev):
     cu = torch.tensor(s["cu_host"])
     idx = torch.cat([torch.arange(0, s["tokens"], step), cu[:-1], cu[1:] - 1])
     return torch.unique(idx[(idx >= 0) & (idx < s["tokens"])]).to(dev)
-
-
-def reference_rows(q, k, v, cu_host, idx, softmax_scale=None, chunk=REF_ROWS_CHUNK):
-    """h3kernels.reference.minimax_h3_varlen_attention_fp8 for the query rows idx only (bf16
-    [len(idx), heads, 128]), on the tensors' device. The quantization is the reference's own
-    (quantize_attention_inputs over every token: K means and V scales need whole segments); the
-    per-row formula below is the reference's, line for line, restricted to those rows, so the
-    whole-set reference (minutes of float32 scores at 1x65536) is never formed.
-    tests/test_varlen_attention_fp8.py checks it against the reference on the CPU."""
-    import math
-
-    from h3kernels import reference as R
-
-    scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
-    q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu_host)
-    idx = idx.to(q.device)
-    res = torch.empty((idx.numel(), q.shape[1], HEAD_DIM), dtype=BF, device=q.device)
-    for a, b in zip(cu_host[:-1], cu_host[1:]):
-        pos = torch.nonzero((idx >= a) & (idx < b)).flatten()  # result rows of this segment
-        if b == a or pos.numel() == 0:
-            continue
-        kf = k8[a:b].to(torch.float32).transpose(0, 1)  # [heads, L, 128]
-        vf = v8[a:b].to(torch.float32).transpose(0, 1)
-        sk = s_k[a:b].T  # [heads, L]
-        sv = s_v[a].to(torch.float32)  # [heads, 128]
-        for c in range(0, pos.numel(), chunk):
-            p_rows = pos[c:c + chunk]
-            rows = idx[p_rows]
-            # gathered as raw bytes: index kernels need not know float8 on every torch build
-            qf = q8.view(torch.uint8)[rows].view(q8.dtype).to(torch.float32).transpose(0, 1)  # [heads, n, 128]
-            s = ((qf @ kf.transpose(1, 2)) * s_q[rows].T[:, :, None]) * sk[:, None, :] * scale
-            p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-            del s
-            l = p.sum(dim=-1)
-            o = R.e4m3(256.0 * p).to(torch.float32) @ vf
-            del p
-            res[p_rows] = R.bf16(o * sv[:, None, :] / (256.0 * l[:, :, None])).transpose(0, 1)
-    return res
 
 
 # --- torch peers -----------------------------------------------------------------------------
