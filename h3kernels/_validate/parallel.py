@@ -4,8 +4,8 @@ devices the process group's backend can move."""
 import numbers
 
 from h3kernels import _validate as v
+from h3kernels._validate import varlen_attention_fp8 as attention
 from h3kernels._runtime import arrays as adapter
-from h3kernels.constants import HEAD_DIM
 
 # the backends whose tensors live on one kind of device
 BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
@@ -15,15 +15,7 @@ def local_arrays(q, k, v_, out):
     """Local q, k, v (and out when given): bf16 torch tensors [tokens, heads >= 1, 128] of one
     shape, contiguous, on one device. Returns (tokens, heads)."""
     v.arrays(v.TORCH_TENSORS, dict(q=q, k=k, v=v_), dict(out=out))
-    for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.dtype(name, a, adapter.BF16)
-    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
-        v.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
-    for name, a in (("k", k), ("v", v_)):
-        if tuple(a.shape) != tuple(q.shape):
-            v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
-    for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.contiguous_(name, a)
+    attention.qkv(q, k, v_)
     if out is not None:
         v.array("out", out, adapter.BF16, tuple(q.shape))
     v.one_device(dict(q=q, k=k, v=v_, out=out))

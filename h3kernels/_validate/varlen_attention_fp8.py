@@ -13,6 +13,21 @@ FP8_MMA_FORMS = (-1, 0, 2)
 def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
     """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are the caller's to check."""
     v.arrays(accepted, dict(q=q, k=k, v=v_, cu_seqlens=cu_seqlens), dict(out=out))
+    qkv(q, k, v_)
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.aligned(name, a, 8)  # the quantization passes read bf16 quads
+    v.dtype("cu_seqlens", cu_seqlens, adapter.I32)
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        v.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
+    if out is not None:
+        v.array("out", out, adapter.BF16, tuple(q.shape))
+        v.aligned("out", out, 4)  # written as pairs of bf16
+    return int(q.shape[0]), int(q.shape[1])
+
+
+def qkv(q, k, v_):
+    """q, k, v: bf16 [tokens, heads >= 1, 128], one shape, contiguous (also h3kernels.parallel's
+    local arrays)."""
     for name, a in (("q", q), ("k", k), ("v", v_)):
         v.dtype(name, a, adapter.BF16)
     if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
@@ -22,14 +37,6 @@ def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
             v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
     for name, a in (("q", q), ("k", k), ("v", v_)):
         v.contiguous_(name, a)
-        v.aligned(name, a, 8)  # the quantization passes read bf16 quads
-    v.dtype("cu_seqlens", cu_seqlens, adapter.I32)
-    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
-        v.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
-    if out is not None:
-        v.array("out", out, adapter.BF16, tuple(q.shape))
-        v.aligned("out", out, 4)  # written as pairs of bf16
-    return int(q.shape[0]), int(q.shape[1])
 
 
 def softmax_scale(scale):
