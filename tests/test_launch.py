@@ -78,6 +78,20 @@ def test_quant_launches_fill_every_kernels_parameters(fake_kernels, tokens, head
         struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
 
 
+@pytest.mark.parametrize("tokens_q,tokens_k,heads,segments,n", [(300, 700, 3, 4, 8), (1, 0, 1, 1, 0), (5, 2, 2, 3, 1)])
+def test_partial_launches_fill_every_kernels_parameters(fake_kernels, tokens_q, tokens_k, heads, segments, n):
+    """The ring step's passes: Q over the queries, K and V over the key block, nothing else."""
+    import struct
+
+    launches = launch_attention.partial_launches(0, tokens_q, tokens_k, heads, segments, n, 1 << 20, 2 << 20,
+                                                 3 << 20, 4 << 20, 5 << 20, 6 << 20, 7 << 20)
+    assert [r[0] for r in launches] == ["q_kernel"] + (["k_quant_kernel", "v_quant_kernel"] if n else [])
+    for name, kernel, grid, threads, values in launches:
+        assert kernel == name and len(grid) == 2 and threads > 0
+        assert len(values) == len(numba_ptx.params(name)), name
+        struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
+
+
 def test_flattened_arrays_are_numbas_fields():
     assert numba_ptx.array_values(100, (2, 3, 4), 4) == (0, 0, 24, 4, 100, 2, 3, 4, 48, 16, 4)
     assert numba_ptx.array_values(100, (7,), 8) == numba_ptx.vector(100, 7, 8)

@@ -87,20 +87,17 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
     blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout())."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
-    rows = tokens * heads
-    words = rows * 32
-    vec, kern = numba_ptx.vector, numba_ptx.kernel
-    blocks_arr = (0, 0, 3 * n, 8, blocks, n, 3, 24, 8)
+    vec = numba_ptx.vector
     plane = heads * HEAD_DIM
     seg3 = (0, 0, segments * plane, 4, 0, segments, heads, HEAD_DIM, plane * 4, HEAD_DIM * 4, 4)
     out = []
-    add = lambda name, grid, threads, values: out.append((name, kern(name, device_id), grid, threads, values))
-    if tokens:
-        add("q_kernel", (-(-rows // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
-            (*vec(q, words, 8), *vec(base + o_q8, words, 4), *vec(base + o_sq, rows, 4), rows))
+    add = lambda name, grid, threads, values: out.append((name, numba_ptx.kernel(name, device_id), grid, threads,
+                                                          values))
+    _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
     if n:
         add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_THREADS,
-            (*vec(k, words, 8), *vec(v, words, 8), *blocks_arr, *vec(base + o_part, 2 * n * plane, 4), heads, n))
+            (*vec(k, tokens * plane // 4, 8), *vec(v, tokens * plane // 4, 8), *_blocks_array(blocks, n),
+             *vec(base + o_part, 2 * n * plane, 4), heads, n))
     if segments and tokens:
         mu, s_v = list(seg3), list(seg3)
         mu[4], s_v[4] = base + o_mu, base + o_sv
@@ -108,13 +105,47 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
             (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
              0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
              *mu, *s_v))
+    _kv_passes(add, tokens, heads, segments, n, k, v, base + o_mu, base + o_sv, blocks, base + o_k8, base + o_sk,
+               base + o_v8t)
+    return out
+
+
+def _blocks_array(blocks, n):
+    """The plan's key blocks (int64 [n, 3] at address `blocks`) as a Numba array's fields."""
+    return 0, 0, 3 * n, 8, blocks, n, 3, 24, 8
+
+
+def _q_pass(add, rows, q, q8, s_q):
+    """The Q pass over `rows` (token, head) rows of q into q8 and s_q (addresses)."""
+    if rows:
+        vec = numba_ptx.vector
+        add("q_kernel", (-(-rows // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
+            (*vec(q, rows * 32, 8), *vec(q8, rows * 32, 4), *vec(s_q, rows, 4), rows))
+
+
+def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, v8t):
+    """The K and V passes over the n key blocks of k, v (`tokens` tokens), centred on mu and scaled
+    by s_v (f32 [segments, heads, 128] addresses), into k8, s_k and v8t (addresses)."""
     if n:
+        vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
         add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
-            (*vec(k, words, 8), *vec(base + o_mu, segments * plane, 4), *blocks_arr, *vec(base + o_k8, words, 4),
-             *vec(base + o_sk, n * heads, 4), heads))
+            (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n), *vec(k8, words, 4),
+             *vec(s_k, n * heads, 4), heads))
         add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
-            (*vec(v, words, 8), *vec(base + o_sv, segments * plane, 4), *blocks_arr,
-             *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
+            (*vec(v, words, 8), *vec(s_v, segments * plane, 4), *_blocks_array(blocks, n),
+             *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
+
+
+def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, blocks, base):
+    """The passes of run_partial: the Q pass over q, the K and V passes over the key block with the
+    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes), into
+    the workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
+    out = []
+    add = lambda name, grid, threads, values: out.append((name, numba_ptx.kernel(name, device_id), grid, threads,
+                                                          values))
+    _q_pass(add, tokens_q * heads, q, base + o_q8, base + o_sq)
+    _kv_passes(add, tokens_k, heads, segments, n, k, v, mu, s_v, blocks, base + o_k8, base + o_sk, base + o_v8t)
     return out
 
 
@@ -124,52 +155,12 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     call's device must be current."""
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
-    f, max_ctas = attention_kernel(call.device_id, form)
-    ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
-    capturing = call.capturing
-    stream = call.stream_ptr
-    with ws.lock:
-        ws.wait(capturing)
-        dev_plan = ws.plan((cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), capturing)
-        tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
-        n_tiles, _, n, _ = dev_plan.rows
-        offsets, nbytes = _offsets(tokens, heads, segments, n)
-        base = ws.reserve(nbytes, capturing, dev_plan)
-        cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
-        for _, kern, grid, threads, values in quant_launches(
-                call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
-                data_ptr(cu_seqlens), cu_stride, block_offset, blocks, base):
-            kern.launch(stream, grid, threads, values)
-        o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _ = offsets
-        f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
-                 (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
-                  base + o_sv, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
-                  0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu, tokens, scale, q_bounds))
-        ws.record(capturing)
-
-
-def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, blocks, base):
-    """The passes of run_partial: the Q pass over q, the K and V passes over the key block with the
-    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes), into
-    the workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
-    (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
-    vec, kern = numba_ptx.vector, numba_ptx.kernel
-    rows_q, words_k = tokens_q * heads, tokens_k * heads * 32
-    blocks_arr = (0, 0, 3 * n, 8, blocks, n, 3, 24, 8)
-    plane = heads * HEAD_DIM
-    out = []
-    add = lambda name, grid, threads, values: out.append((name, kern(name, device_id), grid, threads, values))
-    if tokens_q:
-        add("q_kernel", (-(-rows_q // G.Q_ROWS_PER_CTA), 1), G.Q_THREADS,
-            (*vec(q, rows_q * 32, 8), *vec(base + o_q8, rows_q * 32, 4), *vec(base + o_sq, rows_q, 4), rows_q))
-    if n:
-        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
-            (*vec(k, words_k, 8), *vec(mu, segments * plane, 4), *blocks_arr, *vec(base + o_k8, words_k, 4),
-             *vec(base + o_sk, n * heads, 4), heads))
-        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
-            (*vec(v, words_k, 8), *vec(s_v, segments * plane, 4), *blocks_arr,
-             *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
-    return out
+    cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
+    passes = lambda n, block_offset, blocks, base: quant_launches(
+        call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
+        cu_stride, block_offset, blocks, base)
+    _attend(call, form, (cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes,
+            q, out, lse, None, None, scale)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -181,25 +172,35 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     call's device must be current."""
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
+    passes = lambda n, block_offset, blocks, base: partial_launches(
+        call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
+        data_ptr(s_v), blocks, base)
+    _attend(call, form, ("cross", cu_q, cu_k, heads), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads),
+            max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
+
+
+def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
+    """What run and run_partial share, under the stream's workspace lock: the plan (uploaded once
+    per key), the workspace laid out for ws_tokens tokens, the passes `passes(n, block_offset,
+    blocks, base)` gives, then the attention kernel. mu and s_v: addresses, or None for the
+    workspace's own (which the passes fill)."""
     f, max_ctas = attention_kernel(call.device_id, form)
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
     capturing = call.capturing
     stream = call.stream_ptr
     with ws.lock:
         ws.wait(capturing)
-        dev_plan = ws.plan(("cross", cu_q, cu_k, heads), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), capturing)
+        dev_plan = ws.plan(plan_key, make_plan, capturing)
         tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
         n_tiles, _, n, _ = dev_plan.rows
-        offsets, nbytes = _offsets(max(tokens_q, tokens_k), heads, segments, n)
+        (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)
         base = ws.reserve(nbytes, capturing, dev_plan)
         if n_tiles:
-            for _, kern, grid, threads, values in partial_launches(
-                    call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v),
-                    data_ptr(mu), data_ptr(s_v), blocks, base):
+            for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
                 kern.launch(stream, grid, threads, values)
-            o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _ = offsets
             f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                      (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
-                      data_ptr(s_v), data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, data_ptr(lse), data_ptr(q),
-                      data_ptr(mu), tokens_q, scale, q_bounds))
+                      base + o_sv if s_v is None else s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
+                      0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu if mu is None else mu,
+                      int(q.shape[0]), scale, q_bounds))
         ws.record(capturing)
