@@ -94,7 +94,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
                  workspace_flags=workspace_flags)
-    eps = checks.mlp_args(**inputs, **given, eps=eps, fp8_mma_form=fp8_mma_form)
+    eps = checks.mlp_args(inputs, given, eps, fp8_mma_form)
     call = arrays.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
     form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
     m = x.shape[0]

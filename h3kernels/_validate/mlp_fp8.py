@@ -7,6 +7,9 @@ from h3kernels._runtime import arrays as adapter
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M, fc2_flag_count
 
 FP8_MMA_FORMS = (-1, 0, 2, 3)
+# minimax_h3_mlp_fp8's array arguments, in its order (mlp_args' `inputs`)
+INPUTS = ("x", "x_norm_weight", "adaln_scale", "adaln_shift", "adaln_index", "gate", "residual", "fc1_weight_q",
+          "fc1_weight_scale", "fc2_weight_q", "fc2_weight_scale")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -16,6 +19,13 @@ def row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
     v.arrays(accepted, dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
                             adaln_index=adaln_index),
              dict(workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale))
+    return _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
+                             workspace_a_scale)
+
+
+def _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
+                      workspace_a_scale):
+    """row_stage_args after the kinds (which mlp_args checks for all its arrays at once)."""
     v.dtype("x", x, adapter.BF16)
     if x.ndim != 2 or x.shape[1] != HIDDEN:
         v.fail("x", f"shape {tuple(x.shape)}", f"shape (M, {HIDDEN})")
@@ -43,21 +53,17 @@ def row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
     return v.positive_finite("eps", eps)
 
 
-def mlp_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
-             fc1_weight_scale, fc2_weight_q, fc2_weight_scale, *, out=None, workspace_a_q=None,
-             workspace_a_scale=None, workspace_y=None, workspace_y_q=None, workspace_y_scale=None,
-             workspace_flags=None, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
+def mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
     """Every check of minimax_h3_mlp_fp8 but the devices and the board's mma forms; returns eps as
-    a float. The arguments are the operator's, by the same names."""
-    inputs = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
-                  adaln_index=adaln_index, gate=gate, residual=residual, fc1_weight_q=fc1_weight_q,
-                  fc1_weight_scale=fc1_weight_scale, fc2_weight_q=fc2_weight_q, fc2_weight_scale=fc2_weight_scale)
-    given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
-                 workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
-                 workspace_flags=workspace_flags)
+    a float. inputs: {name: array} of its eleven array arguments; given: of out and the six
+    workspaces (None where not given), by the operator's names."""
+    x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q, fc1_weight_scale, \
+        fc2_weight_q, fc2_weight_scale = (inputs[n] for n in INPUTS)
+    out, workspace_a_q, workspace_y, workspace_y_q = (given[n] for n in ("out", "workspace_a_q", "workspace_y",
+                                                                           "workspace_y_q"))
     v.arrays(accepted, inputs, given)
-    eps = row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
-                         workspace_a_scale, accepted)
+    eps = _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
+                            given["workspace_a_scale"])
     m = x.shape[0]
     v.table("gate", gate, HIDDEN)
     if gate.shape[0] != adaln_scale.shape[0]:

@@ -114,14 +114,13 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     """The fused W8A8 MLP block (docs/spec.md, MLP), as h3kernels.minimax_h3_mlp_fp8:
     returns out (bf16 [M, 5376]); workspaces, when given, receive a_q, a_scale, y, y_q, y_scale,
     and zeros in the flags. Every valid fp8_mma_form gives the same result."""
-    arrays = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
+    inputs = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
                   adaln_index=adaln_index, gate=gate, residual=residual, fc1_weight_q=fc1_weight_q,
-                  fc1_weight_scale=fc1_weight_scale, fc2_weight_q=fc2_weight_q, fc2_weight_scale=fc2_weight_scale,
-                  out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
-                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
-                  workspace_flags=workspace_flags)
-    eps = checks.mlp_args(**arrays, eps=eps, fp8_mma_form=fp8_mma_form, accepted=validate.TORCH_TENSORS)
-    validate.one_device(arrays)
+                  fc1_weight_scale=fc1_weight_scale, fc2_weight_q=fc2_weight_q, fc2_weight_scale=fc2_weight_scale)
+    given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale, workspace_y=workspace_y,
+                 workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale, workspace_flags=workspace_flags)
+    eps = checks.mlp_args(inputs, given, eps, fp8_mma_form, accepted=validate.TORCH_TENSORS)
+    validate.one_device({**inputs, **given})
 
     a = mlp_row_stage(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps)
     a_q, s_a = quantize_rows(a)
