@@ -63,8 +63,7 @@ def stage_main(stage):
             torch.cuda.synchronize()
             print("probe_regs", out.sum().item(), "(want", 128 + 2 * 256, ")")
         else:
-            k = compiler.load_kernel(ident, lambda: cubin, "probe_tma", 0, None, 17 * 1024)
-            mk = H.MapKernel(k, 1, ("u64", "i32"))
+            mk = compiler.load_kernel(ident, lambda: cubin, "probe_tma", 0, ("map", "u64", "i32"), 17 * 1024)
             g = torch.Generator(device="cuda").manual_seed(1)
             src = torch.randint(0, 256, (200, HIDDEN), dtype=torch.uint8, device="cuda", generator=g)
             out = torch.zeros(128 * 128, dtype=torch.uint8, device="cuda")

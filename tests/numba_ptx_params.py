@@ -9,7 +9,7 @@ from h3kernels._launch import numba_ptx
 from h3kernels._runtime.launcher import PARAM_CODES
 
 _PARAM = re.compile(r"\.param\s+\.(?:align\s+\d+\s+)?\.?([busf])(\d+)")
-_WIDTH = {"u64": 64, "i64": 64, "u32": 32, "i32": 32, "f32": 32}
+_WIDTH = {"u64": 64, "i64": 64, "u32": 32, "i32": 32, "f32": 32, "map": 1024}
 
 
 def entry_params(ptx):

@@ -26,16 +26,20 @@ def test_build_without_its_constants_stops():
 
 
 def test_map_parameters_sit_where_the_entry_expects_them():
-    """Two 64-byte-aligned 128-byte maps, then the pointers and sizes at natural alignment."""
+    """Two 64-byte-aligned 128-byte maps, then the pointers and sizes at natural alignment; a kernel
+    with maps launches with the address of each parameter (kernelParams), the others with one
+    packed buffer."""
 
-    class Loaded:
-        _lock = None
+    class Function:
+        ptr = 0
 
-    fc1 = hopper.MapKernel(Loaded(), 2, hopper.FC1_PARAMS)
-    assert list(fc1._addrs - fc1._addrs[0]) == [0, 128, 256, 264, 272, 280]
-    fc2 = hopper.MapKernel(Loaded(), 2, hopper.FC2_PARAMS)
-    assert list(fc2._addrs - fc2._addrs[0]) == [0, 128, 256, 264, 272, 280, 288, 296, 304, 312, 320]
-    assert launcher.pack_format(hopper.QUANT_PARAMS) == "<QQQ"
+    assert launcher.param_layout(hopper.FC1_PARAMS)[1] == [0, 128, 256, 264, 272, 280]
+    assert launcher.param_layout(hopper.FC2_PARAMS)[1] == [0, 128, 256, 264, 272, 280, 288, 296, 304, 312, 320]
+    assert launcher.param_layout(("u32", "map"))[1] == [0, 64]
+    fc1 = launcher.Kernel(Function(), 0, hopper.FC1_PARAMS)
+    assert list(fc1._addrs - fc1._buf.ctypes.data) == [0, 128, 256, 264, 272, 280] and fc1._extra_ptr == 0
+    quant = launcher.Kernel(Function(), 0, hopper.QUANT_PARAMS)
+    assert quant._kernel_params == 0 and launcher.pack_format(hopper.QUANT_PARAMS) == "<QQQ"
 
 
 def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles():

@@ -7,11 +7,8 @@ both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
 import ctypes
 import functools
-import struct
 
-import numpy as np
-
-from h3kernels._runtime import compiler, launcher
+from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
@@ -37,9 +34,9 @@ GEMM_THREADS = 384
 SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
 DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
 
-FC1_PARAMS = ("u64",) * 3 + ("i32",)  # after the two maps: a_scale, w1_scale, y, M
-FC2_PARAMS = ("u64",) * 3 + ("i64", "i64") + ("u64",) * 3 + ("i32",)  # y_scale, w2_scale, gate, its stride
-# and rows, adaln_index, residual, out, M
+FC1_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i32",)  # map_a, map_w1, a_scale, w1_scale, y, M
+# map_y_q, map_w2, y_scale, w2_scale, gate, its stride and rows, adaln_index, residual, out, M
+FC2_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i64", "i64") + ("u64",) * 3 + ("i32",)
 QUANT_PARAMS = ("u64",) * 3  # y, y_q, y_scale
 
 
@@ -51,38 +48,6 @@ def defines(arch=ARCH, form=FORM, **variant):
              CONSUMER_REGS=CONSUMER_REGS, QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d
-
-
-class MapKernel:
-    """A kernel whose first `maps` parameters are 128-byte tensor maps passed by value
-    (__grid_constant__), then `params` as in launcher.Kernel. It launches with the driver's
-    array of parameter addresses (kernelParams), each pointing into one packed buffer: a single
-    packed buffer (CU_LAUNCH_PARAM_BUFFER_POINTER) was misread for these kernels on the H200
-    (every parameter wrong), while per-parameter addresses are what by-value maps were verified
-    with."""
-
-    def __init__(self, kernel, maps, params):
-        from cupy_backends.cuda.api import driver
-
-        self.kernel = kernel
-        fmt = "<" + "128s" * maps + launcher.pack_format(params)[1:]  # the maps end 64-byte aligned: same padding
-        self._struct = struct.Struct(fmt)
-        self._buf = np.zeros(self._struct.size + 64, np.uint8)
-        offsets, off = [], 0
-        for code in ["128s"] * maps + [launcher.PARAM_CODES[p] for p in params]:
-            size = struct.calcsize("<" + code)
-            off += -off % min(size, 8)
-            offsets.append(off)
-            off += size
-        self._addrs = np.array([self._buf.ctypes.data + o for o in offsets], np.uint64)
-        self._launch = driver.launchKernel
-        self._lock = kernel._lock
-
-    def launch(self, stream_ptr, grid, block, values):
-        k = self.kernel
-        with self._lock:
-            self._struct.pack_into(self._buf, 0, *values)
-            self._launch(k.ptr, grid[0], 1, 1, block, 1, 1, k.smem, stream_ptr, self._addrs.ctypes.data, 0)
 
 
 _kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, SMs, CLUSTER_M)
@@ -99,8 +64,8 @@ def kernels(device_id, variant=()):
         def load(name, params, smem=0):
             return compiler.load_kernel(ident, image, name, device_id, params, smem)
 
-        fc1 = MapKernel(load("h3_mlp_fc1_wgmma", None, SMEM_BYTES), 2, FC1_PARAMS)
-        fc2 = MapKernel(load("h3_mlp_fc2_wgmma", None, SMEM_BYTES), 2, FC2_PARAMS)
+        fc1 = load("h3_mlp_fc1_wgmma", FC1_PARAMS, SMEM_BYTES)
+        fc2 = load("h3_mlp_fc2_wgmma", FC2_PARAMS, SMEM_BYTES)
         quant = load("h3_mlp_y_quant", QUANT_PARAMS)
         g = _kernels[(device_id, variant)] = (fc1, fc2, quant, sm_count(device_id), d["CLUSTER_M"])
     return g

@@ -1,5 +1,8 @@
 """The one launch path of every kernel, NVRTC-built or Numba-written: cuLaunchKernel on the
-caller's raw stream handle, its parameters packed into one buffer (CU_LAUNCH_PARAM_BUFFER_*).
+caller's raw stream handle, its parameters packed into one buffer (CU_LAUNCH_PARAM_BUFFER_*),
+or, for a kernel that takes tensor maps by value, the driver's array of parameter addresses
+pointing into that buffer: the one buffer was misread for those kernels on the H200 (every
+parameter wrong), while per-parameter addresses are what by-value maps were verified with.
 
 A `Kernel` holds the driver function, its parameter layout (a precompiled struct format with
 each parameter at its natural alignment) and the packing buffer, so a launch costs one
@@ -13,20 +16,28 @@ import threading
 
 import numpy as np
 
-# parameter format -> (struct code, bytes): everything a kernel here takes
-PARAM_CODES = {"u64": "Q", "i64": "q", "u32": "I", "i32": "i", "f32": "f"}
+# parameter format -> struct code: everything a kernel here takes. "map": a 128-byte CUtensorMap
+# passed by value (a __grid_constant__ parameter, 64-byte aligned)
+PARAM_CODES = {"u64": "Q", "i64": "q", "u32": "I", "i32": "i", "f32": "f", "map": "128s"}
+PARAM_ALIGN = {"map": 64}  # others: their size
 
 
-def pack_format(params):
-    """struct format ('<', each parameter at its own size's alignment) of a parameter list."""
-    fmt, off = "<", 0
+def param_layout(params):
+    """(struct format, byte offset of each parameter): '<', each parameter at its alignment."""
+    fmt, off, offsets = "<", 0, []
     for p in params:
         code = PARAM_CODES[p]
         size = struct.calcsize("<" + code)
-        pad = -off % size
+        pad = -off % PARAM_ALIGN.get(p, size)
         fmt += "x" * pad + code
+        offsets.append(off + pad)
         off += pad + size
-    return fmt
+    return fmt, offsets
+
+
+def pack_format(params):
+    """struct format ('<', each parameter at its alignment) of a parameter list."""
+    return param_layout(params)[0]
 
 
 class Kernel:
@@ -42,12 +53,17 @@ class Kernel:
         self._caps = {}
         self._lock = threading.Lock()
         if params is not None:
-            self._struct = struct.Struct(pack_format(self.params))
+            fmt, offsets = param_layout(self.params)
+            self._struct = struct.Struct(fmt)
             self._buf = np.zeros(max(self._struct.size, 8), np.uint8)
-            self._size = np.array([self._struct.size], np.uint64)  # size_t
-            # CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
-            self._extra = np.array([1, self._buf.ctypes.data, 2, self._size.ctypes.data, 0], np.uint64)
-            self._extra_ptr = self._extra.ctypes.data
+            if "map" in self.params:  # kernelParams: the address of each parameter in the buffer
+                self._addrs = np.array([self._buf.ctypes.data + o for o in offsets], np.uint64)
+                self._kernel_params, self._extra_ptr = self._addrs.ctypes.data, 0
+            else:
+                self._size = np.array([self._struct.size], np.uint64)  # size_t
+                # CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END
+                self._extra = np.array([1, self._buf.ctypes.data, 2, self._size.ctypes.data, 0], np.uint64)
+                self._kernel_params, self._extra_ptr = 0, self._extra.ctypes.data
             from cupy_backends.cuda.api import driver
 
             self._launch = driver.launchKernel
@@ -56,7 +72,8 @@ class Kernel:
         """grid: (x, y) CTAs; block: threads (x only); values: the parameters, in order."""
         with self._lock:
             self._struct.pack_into(self._buf, 0, *values)
-            self._launch(self.ptr, grid[0], grid[1], 1, block, 1, 1, self.smem, stream_ptr, 0, self._extra_ptr)
+            self._launch(self.ptr, grid[0], grid[1], 1, block, 1, 1, self.smem, stream_ptr, self._kernel_params,
+                         self._extra_ptr)
 
     def grid_cap(self, threads):
         """SMs x CTAs of `threads` threads resident per SM: the size of a persistent grid."""
