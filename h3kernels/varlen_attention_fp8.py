@@ -26,7 +26,7 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     those of the mean-centred K; the shift softmax_scale * q . mean(K) is added back), what
     merging partial attentions (sequence parallelism) needs."""
     want_lse = checks.return_lse(return_lse)
-    tokens, heads, scale, cu_host = check_call(None, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
+    tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
                                                fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
     form = targets.mma_form(call.device_id, fp8_mma_form)
@@ -46,22 +46,16 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
 
 
-def check_call(call, q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form=-1):
+def check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form=-1):
     """Every argument check but the devices (h3kernels._validate.varlen_attention_fp8), before
     anything is launched: (tokens, heads, softmax scale, cu_seqlens as a tuple). Without
-    cu_seqlens_host, cu_seqlens is read back through `call`; with `call` None it is left to
-    host_seqlens once the call is open (kind and device checked), and the tuple is None."""
-    tokens, heads = check_args(q, k, v, cu_seqlens, out)
+    cu_seqlens_host the tuple is None: cu_seqlens is read back by host_seqlens once the call is
+    open (kind and device checked)."""
+    tokens, heads = checks.check_args(q, k, v, cu_seqlens, out)
     scale = checks.softmax_scale(softmax_scale)
     checks.fp8_mma_form(fp8_mma_form)
-    if cu_seqlens_host is None and call is None:
-        return tokens, heads, scale, None
-    return tokens, heads, scale, host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens)
-
-
-def check_args(q, k, v, cu_seqlens, out):
-    """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are arrays.Call's."""
-    return checks.check_args(q, k, v, cu_seqlens, out)
+    cu_host = None if cu_seqlens_host is None else host_seqlens(None, cu_seqlens, cu_seqlens_host, tokens)
+    return tokens, heads, scale, cu_host
 
 
 def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):

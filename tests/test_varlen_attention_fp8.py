@@ -466,7 +466,7 @@ BAD += [
 
 
 def _check(args):
-    return A.check_call(None, args["q"], args["k"], args["v"], args["cu_seqlens"], args["out"],
+    return A.check_call(args["q"], args["k"], args["v"], args["cu_seqlens"], args["out"],
                         args["cu_seqlens_host"], args["softmax_scale"])
 
 
