@@ -155,10 +155,17 @@ def _device_key(a):
 
 def span(a):
     """[first byte, one past the last byte) of the memory a's elements occupy; None if it has none."""
+    torch_kind = adapter.kind_of(a) == "torch"
+    if torch_kind and a.is_contiguous():  # most arrays here: no walk over the strides
+        nbytes = a.nbytes
+        if not nbytes:
+            return None
+        lo = a.data_ptr()
+        return lo, lo + nbytes
     shape = tuple(a.shape)
     if 0 in shape:
         return None
-    if adapter.kind_of(a) == "torch":
+    if torch_kind:
         itemsize, lo, strides = a.element_size(), a.data_ptr(), a.stride()
     else:
         itemsize, lo = a.itemsize, a.data.ptr
