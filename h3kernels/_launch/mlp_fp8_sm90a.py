@@ -78,7 +78,7 @@ def grid(m, n_tiles, sms, cluster):
 
 
 @functools.lru_cache(maxsize=512)
-def _tensor_map(address, rows, pitch, box_rows):
+def tensor_map(address, rows, pitch, box_rows):
     """The 128 bytes of a TMA map of an e4m3 matrix [rows, pitch] (row-major, pitch bytes per
     row) at `address`: boxes of box_rows x 128 bytes, 128B swizzle, rows past the end read as
     zeros. The bytes depend only on these arguments, so they are cached on them."""
@@ -100,7 +100,7 @@ def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=()):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
     Arguments are addresses."""
     fc1, _, _, sms, cluster = kernels(call.device_id, variant)
-    maps = (_tensor_map(a_q, m, HIDDEN, BM), _tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
+    maps = (tensor_map(a_q, m, HIDDEN, BM), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
     fc1.launch(call.stream_ptr, (grid(m, FC1_OUT // BN, sms, cluster), 1), GEMM_THREADS,
                (*maps, a_scale, w1_scale, y, m))
 
@@ -114,7 +114,7 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); the rest are addresses."""
     _, fc2, _, sms, cluster = kernels(call.device_id, variant)
-    maps = (_tensor_map(y_q, m, FFN, BM), _tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
+    maps = (tensor_map(y_q, m, FFN, BM), tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
     fc2.launch(call.stream_ptr, (grid(m, HIDDEN // BN, sms, cluster), 1), GEMM_THREADS,
                (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
                 residual, out, m))
