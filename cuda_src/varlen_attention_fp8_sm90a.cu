@@ -47,6 +47,19 @@
 #error "the warpgroup roles below assume 128-query tiles, 64-key blocks, 128-key stages and head dim 128"
 #endif
 
+// Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
+// writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
+// k, bf16) instead of O, DBG_STORE 2 the unrounded 256 * 2^(S - m), so that a wrong fragment
+// layout shows itself element by element.
+#ifdef DBG_STORE
+#define DBG_KEYS(vals, it, hb)                                                                    \
+  if ((it) == 0)                                                                                  \
+    for (int i = 0; i < 32; ++i) {                                                                \
+      const int row = (i & 2) ? row1 : row0, key = (hb) * BKV + 8 * (i >> 2) + 2 * t + (i & 1);   \
+      if (row < end) out[(i64)row * pitch + h * HD + key] = bf16_from_f32((DBG_STORE == 2 ? 256.f : 1.f) * vals[i]); \
+    }
+#endif
+
 #define THREADS 384             // 3 warpgroups
 #define CONSUMER_WARPS 8
 #define STAGE_KEYS KSB          // keys per ring stage: one K scale block, one TMA box of K and of V^T
@@ -170,6 +183,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int i = 0; i < 32; ++i)
               if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) s[i] = neg_inf();
           }
+#if DBG_STORE == 1
+          DBG_KEYS(s, it, hb)
+#endif
           float mx0 = m0, mx1 = m1;
 #pragma unroll
           for (int i = 0; i < 32; ++i) {
@@ -197,6 +213,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             else
               l0 += s[i];
           }
+#if DBG_STORE == 2
+          DBG_KEYS(s, it, hb)
+#endif
           // P as the A fragments of the two k32 steps: n8 tiles 4kk .. 4kk + 3 of keys 32kk ..
           // 32kk + 31, s[4 nt + r] being the mma.sync C register r of n8 tile nt
           u32 pa[BKV / 32][4];
@@ -226,8 +245,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           phase ^= 1;
         }
       }
+#ifndef DBG_STORE
       write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0, l1, s_v, mu, q, out,
                      lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
+#endif
     }
   }
 }
