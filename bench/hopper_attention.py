@@ -19,6 +19,7 @@ after every stage):
             reference and against exact float64 attention, beside the reference's own error
   heads     the same two sets on 56 heads: form 3 against form 0 (rel L2, max |diff|, lse) and
             both against exact attention
+  variants  the VARIANTS builds bitwise against the default build
   time      4 x 4096 and 1 x 16384, 56 heads: whole call of forms 3 and 0 (out given,
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
             quantization passes alone, cuDNN and flash bf16 SDPA; build variants kernel alone
@@ -47,7 +48,8 @@ from h3kernels.testing.timing import attention_flops, attention_quant_kernel_ms,
 OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
-VARIANTS = [(("STAGES", 2),), (("STAGES", 3),)]  # timed beside the default build (STAGES 4)
+# builds checked bitwise against the default one and timed beside it
+VARIANTS = [(("OVERLAP", 1),), (("OVERLAP", 0),), (("STAGES", 2),), (("STAGES", 3),), (("OVERLAP", 1), ("STAGES", 3))]
 LOG2E = 1.4426950408889634
 
 
@@ -139,7 +141,7 @@ def stage_debug():
         entry = {}
         for dbg, want, what, tol in ((1, s_full, "S (log2 units)", 2e-2), (2, p_want, "256 2^(S - m)", 2e-2)):
             out = torch.full_like(q, float("nan"))
-            _with_variant((("DBG_STORE", dbg),), lambda: op(q, k, v, cu_dev, cu, 3, out))
+            _with_variant((("DBG_STORE", dbg), ("OVERLAP", 0)), lambda: op(q, k, v, cu_dev, cu, 3, out))
             torch.cuda.synchronize()
             got = out[:, 0].double()[:, :128]
             entry[f"dbg{dbg}"] = _mismatches(got, want, tol, f"n={n} {what}")
@@ -177,6 +179,22 @@ def stage_small():
                        and entry["lse_nonfinite"] == 0 and entry["lse_max_diff_vs_form0"] <= 1e-3 * (1 + float(lse0.abs().max())))
         log("small", seqlens, json.dumps(entry))
         res["+".join(map(str, seqlens))] = entry
+    return res
+
+
+def stage_variants():
+    """Every build of VARIANTS against the default build, bitwise (the same arithmetic in the
+    same order), on a mixed set."""
+    res = {}
+    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 3000, 1], 8, device="cuda", seed=41)
+    want, want_lse = op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True)
+    for variant in VARIANTS:
+        name = "_".join(f"{a}{b}" for a, b in variant)
+        got, lse = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
+        torch.cuda.synchronize()
+        res[name] = dict(bitwise=bool(torch.equal(got.view(torch.int16), want.view(torch.int16))
+                                      and torch.equal(lse, want_lse)), rel_l2=rel_l2(got, want))
+        log("variant", name, json.dumps(res[name]))
     return res
 
 
@@ -317,16 +335,17 @@ def table(rep):
     if isinstance(t, dict) and "error" not in t:
         keys = ["call_form3", "kernel_form3", "call_form0", "kernel_form0", "quant_passes", "cudnn_sdpa_bf16",
                 "flash_sdpa_bf16"] + ["kernel_form3_" + "_".join(f"{a}{b}" for a, b in v) for v in VARIANTS]
-        lines.append(f"{'set':<10}" + "".join(f"{k[:18]:>20}" for k in keys))
-        for name, row in t.items():
+        sets = list(t)
+        lines.append(f"{'56 heads':<32}" + "".join(f"{n:>22}" for n in sets))
+        for k in keys:
             cells = []
-            for k in keys:
-                c = row.get(k, {})
+            for n in sets:
+                c = t[n].get(k, {})
                 if "ms" in c:
-                    cells.append(f"{c['ms']:8.3f}ms" + (f" {c['tflops']:5.0f}TF" if "tflops" in c else "        "))
+                    cells.append(f"{c['ms']:8.3f} ms" + (f" {c['tflops']:5.0f} TF" if "tflops" in c else ""))
                 else:
                     cells.append("error" if c else "-")
-            lines.append(f"{name:<10}" + "".join(f"{x:>20}" for x in cells))
+            lines.append(f"{k:<32}" + "".join(f"{x:>22}" for x in cells))
     for sname in ("accuracy", "heads"):
         a = rep["stages"].get(sname) or {}
         if isinstance(a, dict) and "error" not in a:
@@ -375,6 +394,7 @@ def main():
     small = stage("small", stage_small)
     if args.debug or "error" in first or "error" in small or not all(e.get("ok") for e in small.values()):
         stage("debug", stage_debug)
+    stage("variants", stage_variants)
     stage("accuracy", stage_accuracy)
     stage("heads", stage_heads)
     if not args.no_time:

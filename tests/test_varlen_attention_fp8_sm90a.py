@@ -229,3 +229,57 @@ def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
     assert torch.isfinite(got.float()).all()
     assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
     assert (got[:, 2, 7] == 0).all()
+
+
+def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch):
+    """Form 3 through the launch layer with a stand-in workspace: the same passes and plan as form
+    0, then one launch whose maps cover the workspace's q8, k8 (heads * 128 bytes per token) and
+    v8t (v_pitch bytes per channel row), and as many values as the kernel has parameters."""
+    import threading
+
+    from h3kernels._launch import varlen_attention_fp8_plan as P
+    from h3kernels._runtime import workspace
+    from h3kernels.constants import HEAD_DIM, K_BLOCK
+
+    cu, heads = (0, 300, 300, 429), 2
+    tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
+    base = 1 << 30
+
+    class Plan:
+        ptrs = (11, 12, 13, 14)
+        rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
+
+    class Ws:
+        lock = threading.Lock()
+
+        def wait(self, capturing):
+            pass
+
+        def plan(self, key, make, capturing):
+            return Plan()
+
+        def reserve(self, nbytes, capturing, plan):
+            return base
+
+        def record(self, capturing):
+            pass
+
+    class Call:
+        device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
+
+    launched = []
+    monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
+    monkeypatch.setattr(L, "quant_launches", lambda *a: [])
+    monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
+    monkeypatch.setattr(hopper, "launch", lambda call, n, maps, values: launched.append((n, maps, values)))
+    q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
+    out, lse = torch.zeros_like(q), torch.zeros(heads, cu[-1])
+    L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3, lse)
+    (n_tiles, maps, values), = launched
+    parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    assert n_tiles == len(tiles) == 10 and len(maps) + len(values) == len(hopper.PARAMS)
+    assert maps == ((base + parts["q8"][0], cu[-1], heads * 128, 128), (base + parts["k8"][0], cu[-1], heads * 128, 128),
+                    (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
+    assert values == (11, n_tiles, 12, base + parts["s_q"][0], base + parts["s_k"][0], base + parts["s_v"][0],
+                      out.data_ptr(), heads, 0.125 * L.LOG2E, lse.data_ptr(), q.data_ptr(), base + parts["mu"][0],
+                      cu[-1], 0.125, 14)
