@@ -129,7 +129,7 @@ def stage_debug():
         scale = 1 / math.sqrt(128)
         q8, s_q, k8, s_k, _, _ = R.quantize_attention_inputs(q, k, v, cu)
         keys = min(n, 128)
-        dot = q8[:, 0].double() @ k8[:keys, 0].double().T  # [n, keys]
+        dot = q8[:, 0].float().double() @ k8[:keys, 0].float().double().T  # [n, keys] (e4m3 via f32)
         s_want = dot * s_q[:, 0].double()[:, None] * s_k[:keys, 0].double()[None, :] * (scale * LOG2E)
         s_full = torch.full((n, 128), float("-inf"), dtype=torch.float64, device="cuda")
         s_full[:, :keys] = s_want
