@@ -283,3 +283,17 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     assert values == (11, n_tiles, 12, base + parts["s_q"][0], base + parts["s_k"][0], base + parts["s_v"][0],
                       out.data_ptr(), heads, 0.125 * L.LOG2E, lse.data_ptr(), q.data_ptr(), base + parts["mu"][0],
                       cu[-1], 0.125, 14)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("host,give_out", [(False, True), (True, False), (False, False)])
+def test_varlen_sm90a_without_host_seqlens_or_out(host, give_out, seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([5, 0, 333, 64], 8, device="cuda", seed=seed)
+    out = poisoned_like(q) if give_out else None
+    got = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu if host else None,
+                                                    fp8_mma_form=3)
+    torch.cuda.synchronize()
+    assert got is out or not give_out
+    misses = attention_misses(got, q, k, v, cu)
+    assert not misses, misses
