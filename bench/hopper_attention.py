@@ -8,21 +8,22 @@ Stages (each caught on its own, so one failure still reports the rest; the JSON 
 after every stage):
   build     ptxas report of the default build and of the timed variants (regs, spills, warnings)
   first     one small call of form 3 polled with a timeout (a hang writes the report, exit 3)
+  small     segments [0, 1, 127, 128, 129, 1000] and [0, 300, 0, 77, 1, 0] (8 heads):
+            checks.attention_misses (reference and exact bounds), poisoned out fully written,
+            lse against form 0's, out aliasing q bitwise
   debug     1 head, one segment of 128 and of 200 tokens: S and 256 * 2^(S - m) of the first 128
             keys (DBG_STORE builds) against float64 from the reference's quantization, and O
             against form 0 and the reference; the first mismatches printed (--debug: always,
             else only when the small sets fail)
-  small     segments [0, 1, 127, 128, 129, 1000] and [0, 300, 0, 77, 1, 0] (8 heads):
-            checks.attention_misses (reference and exact bounds), poisoned out fully written,
-            lse against form 0's, out aliasing q bitwise
   accuracy  4 x 4096 and 7000+3000+6000+384 on 4 heads: rel L2 of forms 3 and 0 against the
             reference and against exact float64 attention, beside the reference's own error
   heads     the same two sets on 56 heads: form 3 against form 0 (rel L2, max |diff|, lse) and
             both against exact attention
-  variants  the VARIANTS builds bitwise against the default build
   time      4 x 4096 and 1 x 16384, 56 heads: whole call of forms 3 and 0 (out given,
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
-            quantization passes alone, cuDNN and flash bf16 SDPA; build variants kernel alone
+            quantization passes alone, cuDNN and flash bf16 SDPA
+  variants  the VARIANTS builds (OVERLAP, STAGES) bitwise against the default build, each
+            polled with a timeout; then the bitwise-equal ones timed, kernel alone
 The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
 import argparse
 import json
@@ -191,7 +192,8 @@ def stage_variants():
     for variant in VARIANTS:
         name = "_".join(f"{a}{b}" for a, b in variant)
         got, lse = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
-        torch.cuda.synchronize()
+        if not wait(30):
+            raise TimeoutError(f"build {name} still running 30 s after its launch (hang)")
         res[name] = dict(bitwise=bool(torch.equal(got.view(torch.int16), want.view(torch.int16))
                                       and torch.equal(lse, want_lse)), rel_l2=rel_l2(got, want))
         log("variant", name, json.dumps(res[name]))
@@ -274,7 +276,7 @@ def _captured_launch(q, k, v, cu_dev, cu, form, out):
     return got["fn"]
 
 
-def stage_time(args):
+def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True):
     from h3kernels.peers.torch_attention import SegmentedSDPA
 
     res = {}
@@ -295,26 +297,27 @@ def stage_time(args):
             log("time", name, key, json.dumps(row[key]))
 
         out = torch.empty_like(q)
-        for form in (3, 0):
+        for form in forms:
             timed(f"call_form{form}", lambda form=form: op(q, k, v, cu_dev, cu, form, out))
             try:
                 kernel = _captured_launch(q, k, v, cu_dev, cu, form, out)
                 timed(f"kernel_form{form}", kernel)
             except Exception as err:
                 row[f"kernel_form{form}"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
-        for variant in VARIANTS:
+        for variant in variants:
             key = "kernel_form3_" + "_".join(f"{a}{b}" for a, b in variant)
             try:
                 kernel = _with_variant(variant, lambda: _captured_launch(q, k, v, cu_dev, cu, 3, out))
                 timed(key, kernel)
             except Exception as err:
                 row[key] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
-        try:
-            total, _ = attention_quant_kernel_ms(q, k, v, cu_dev, cu)
-            row["quant_passes"] = dict(ms=total)
-        except Exception as err:
-            row["quant_passes"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
-        if not args.no_peers:
+        if quant:
+            try:
+                total, _ = attention_quant_kernel_ms(q, k, v, cu_dev, cu)
+                row["quant_passes"] = dict(ms=total)
+            except Exception as err:
+                row["quant_passes"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+        if peers and not args.no_peers:
             from torch.nn.attention import SDPBackend
 
             views = SegmentedSDPA(q, k, v, cu)
@@ -332,7 +335,10 @@ def stage_time(args):
 def table(rep):
     lines = []
     t = rep["stages"].get("time") or {}
+    tv = rep["stages"].get("time_variants") or {}
     if isinstance(t, dict) and "error" not in t:
+        if isinstance(tv, dict) and "error" not in tv:
+            t = {n: {**row, **tv.get(n, {})} for n, row in t.items()}
         keys = ["call_form3", "kernel_form3", "call_form0", "kernel_form0", "quant_passes", "cudnn_sdpa_bf16",
                 "flash_sdpa_bf16"] + ["kernel_form3_" + "_".join(f"{a}{b}" for a, b in v) for v in VARIANTS]
         sets = list(t)
@@ -394,11 +400,19 @@ def main():
     small = stage("small", stage_small)
     if args.debug or "error" in first or "error" in small or not all(e.get("ok") for e in small.values()):
         stage("debug", stage_debug)
-    stage("variants", stage_variants)
     stage("accuracy", stage_accuracy)
     stage("heads", stage_heads)
     if not args.no_time:
         stage("time", lambda: stage_time(args))
+    # the other builds last: a hang there (exit 3) leaves every figure above in the report
+    variants = stage("variants", stage_variants)
+    if "error" in variants and "hang" in variants["error"]:
+        print(table(rep))
+        save()
+        os._exit(3)
+    if not args.no_time and "error" not in variants:
+        good = [v for v in VARIANTS if variants.get("_".join(f"{a}{b}" for a, b in v), {}).get("bitwise")]
+        stage("time_variants", lambda: stage_time(args, good, forms=(), peers=False, quant=False))
     rep["seconds"] = time.time() - T0
     save()
     print(table(rep))
