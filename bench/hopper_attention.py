@@ -115,8 +115,10 @@ def _with_variant(variant, fn):
 
 
 def _mismatches(got, want, tol, what, n=8):
-    """The first n (row, key, got, want) where |got - want| > tol * (1 + |want|), as a list."""
-    bad = ((got - want).abs() > tol * (1 + want.abs())) & ~(torch.isinf(want) & (got == want))
+    """The first n (row, key, got, want) where |got - want| > tol * (1 + |want|) or got is NaN
+    (infinite want: where got differs), and their count."""
+    finite = torch.isfinite(want)
+    bad = torch.where(finite, ~((got - want).abs() <= tol * (1 + want.abs())), got != want)  # NaN: bad
     idx = torch.nonzero(bad)[:n].tolist()
     out = [(r, c, float(got[r, c]), float(want[r, c])) for r, c in idx]
     log(f"  {what}: {int(bad.sum())} of {bad.numel()} beyond {tol}: first {out}")
