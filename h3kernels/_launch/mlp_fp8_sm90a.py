@@ -5,9 +5,7 @@ constant of that source and the TMA tensor maps the GEMMs take.
 A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
-import ctypes
-import functools
-
+from h3kernels._launch.tma import tensor_map
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
@@ -75,25 +73,6 @@ def grid(m, n_tiles, sms, cluster):
     """CTAs of a persistent GEMM: whole clusters, at most one CTA per SM, no more than the tiles."""
     groups = -(-(-(-m // BM)) // cluster) * n_tiles
     return cluster * min(groups, sms // cluster)
-
-
-@functools.lru_cache(maxsize=512)
-def tensor_map(address, rows, pitch, box_rows):
-    """The 128 bytes of a TMA map of an e4m3 matrix [rows, pitch] (row-major, pitch bytes per
-    row) at `address`: boxes of box_rows x 128 bytes, 128B swizzle, rows past the end read as
-    zeros. The bytes depend only on these arguments, so they are cached on them."""
-    from cuda.bindings import driver as cu
-
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
-        [cu.cuuint64_t(pitch), cu.cuuint64_t(rows)], [cu.cuuint64_t(pitch)],
-        [cu.cuuint32_t(BK), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err} (address {address:#x}, rows {rows}, pitch {pitch})")
-    return ctypes.string_at(tmap.getPtr(), 128)
 
 
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=()):

@@ -6,7 +6,7 @@ The quantization passes, the workspace and the plan are the mma.sync kernel's
 (h3kernels/_launch/varlen_attention_fp8.py, whose _attend sends form 3 here).
 """
 from h3kernels._launch import varlen_attention_fp8_plan as plan
-from h3kernels._launch.mlp_fp8_sm90a import tensor_map
+from h3kernels._launch.tma import tensor_map
 from h3kernels._runtime import compiler
 from h3kernels._runtime.targets import sm_count
 from h3kernels.constants import HEAD_DIM, K_BLOCK
