@@ -22,7 +22,7 @@ after every stage):
   time      4 x 4096 and 1 x 16384, 56 heads: whole call of forms 3 and 0 (out given,
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
             quantization passes alone, cuDNN and flash bf16 SDPA
-  variants  the VARIANTS builds (OVERLAP, STAGES) bitwise against the default build, each
+  variants  the VARIANTS builds (OVERLAP, PINGPONG, STAGES) bitwise against the default build, each
             polled with a timeout; then the bitwise-equal ones timed, kernel alone
 The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
 import argparse
@@ -50,7 +50,8 @@ OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
-VARIANTS = [(("OVERLAP", 1),), (("OVERLAP", 0),), (("STAGES", 2),), (("STAGES", 3),), (("OVERLAP", 1), ("STAGES", 3))]
+VARIANTS = [(("OVERLAP", 1),), (("OVERLAP", 1), ("PINGPONG", 1)), (("OVERLAP", 0), ("PINGPONG", 0)), (("STAGES", 2),),
+            (("STAGES", 3),), (("OVERLAP", 1), ("STAGES", 3))]
 LOG2E = 1.4426950408889634
 
 
@@ -144,7 +145,7 @@ def stage_debug():
         entry = {}
         for dbg, want, what, tol in ((1, s_full, "S (log2 units)", 2e-2), (2, p_want, "256 2^(S - m)", 2e-2)):
             out = torch.full_like(q, float("nan"))
-            _with_variant((("DBG_STORE", dbg), ("OVERLAP", 0)), lambda: op(q, k, v, cu_dev, cu, 3, out))
+            _with_variant((("DBG_STORE", dbg), ("OVERLAP", 0), ("PINGPONG", 0)), lambda: op(q, k, v, cu_dev, cu, 3, out))
             torch.cuda.synchronize()
             got = out[:, 0].double()[:, :128]
             entry[f"dbg{dbg}"] = _mismatches(got, want, tol, f"n={n} {what}")

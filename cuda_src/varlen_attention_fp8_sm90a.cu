@@ -40,7 +40,7 @@
 
 // From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
-    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP)
+    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -61,6 +61,19 @@
 #ifndef DBG_STORE
 #define DBG_STORE 0
 #endif
+#if PINGPONG && !OVERLAP
+#error "PINGPONG orders the issue of OVERLAP's schedule"
+#endif
+
+// Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
+// with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
+// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier).
+__device__ __forceinline__ void turn_wait(int consumer) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int consumer) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+}
 
 // S of one 64-key block (4 k32 steps over the head dimension) into s, issued, not waited for.
 __device__ __forceinline__ void issue_s(float (&s)[32], u32 q_rows, u32 k_rows) {
@@ -206,6 +219,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float part[64];  // one 64-key block's P V (the first k32 step overwrites it)
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
+#if PINGPONG
+    if (consumer == 1) turn_pass(consumer);  // warpgroup 0 issues first
+#endif
     for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
       const int* w = tiles + (i64)tile * TILE_INTS;
       const int len = w[1], q0 = w[2], h = w[3], seg = w[4];
@@ -287,16 +303,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (j / 2 + 1 < n_stages) sk_next = sk_col[(i64)(j / 2 + 1) * heads];
           mbar_wait(&full[stage], phase);
         }
+#if PINGPONG
+        turn_wait(consumer);
+#endif
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
         if (j > 0) {
           issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j - 1) & 1) * BKV);
           wgmma_commit();
-          wgmma_wait<1>();  // S of block j is done; block j - 1's P V may still run
-        } else {
-          wgmma_wait<0>();
         }
+#if PINGPONG
+        turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
+#endif
+        if (j > 0)
+          wgmma_wait<1>();  // S of block j is done; block j - 1's P V may still run
+        else
+          wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) fence_regs(s[i]);
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
@@ -342,5 +365,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                      lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
 #endif
     }
+#if PINGPONG
+    if (consumer == 0) turn_wait(consumer);  // warpgroup 1's last pass: every arrival has its wait
+#endif
   }
 }

@@ -26,6 +26,8 @@ PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
 CONSUMER_REGS = 240  # registers of each softmax warpgroup: 64 of O, 64 of a P V partial, 32 of S
 OVERLAP = 0  # 1: each block's softmax runs while the previous block's P V is in the tensor core
 # (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn
+PINGPONG = 0  # with OVERLAP 1: the two consumer warpgroups take turns issuing their wgmmas
+# (named barriers), so that one's softmax runs while the other's matrix products do
 THREADS = 384
 SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
@@ -38,7 +40,7 @@ PARAMS = ("map",) * 3 + ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "i32",
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
-             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP)
+             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG)
     d.update(variant)
     return d
 
