@@ -67,7 +67,7 @@ def stage_main(stage):
             g = torch.Generator(device="cuda").manual_seed(1)
             src = torch.randint(0, 256, (200, HIDDEN), dtype=torch.uint8, device="cuda", generator=g)
             out = torch.zeros(128 * 128, dtype=torch.uint8, device="cuda")
-            mk.launch(call.stream_ptr, (1, 1), 128, (H._tensor_map(p(src), 200, HIDDEN, 128), p(out), 100))
+            mk.launch(call.stream_ptr, (1, 1), 128, (H.tensor_map(p(src), 200, HIDDEN, 128), p(out), 100))
             torch.cuda.synchronize()
             r = torch.arange(128, device="cuda")[:, None]
             c = torch.arange(128, device="cuda")[None, :]

@@ -23,9 +23,9 @@
 // accumulators into the A operand of O += P . V; l sums the unquantized 2^(S - m).
 // tests/test_varlen_attention_fp8.py emulates this file lane by lane in numpy.
 // With lse non-null, each written row's log-sum-exp of the true scores goes to lse [heads, tokens]
-// (row_lse and the epilogue): what merging partial attentions over several GPUs needs. out and q
-// carry no __restrict__: out may alias q, which the epilogue reads.
-#include "fp8_common.cuh"
+// (row_lse and write_rows, varlen_attention_fp8_common.cuh): what merging partial attentions over
+// several GPUs needs. out and q carry no __restrict__: out may alias q, which the epilogue reads.
+#include "varlen_attention_fp8_common.cuh"
 
 // The tile and thread constants come from h3kernels/_launch/varlen_attention_fp8.py (NVRTC -D),
 // which explains each: BQ, BKV, KSB, HD, STAGES, THREADS, TILE_INTS, and the per-arch choices
@@ -58,19 +58,6 @@ __device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + (
 // the line's two halves and (row / 2) % 4 permutes the four chunks within a half.
 __device__ __forceinline__ u32 swz64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
 
-__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-// Four probabilities -> four e4m3 bytes of 256 * p (the 2^8 bias), first in the low byte.
-__device__ __forceinline__ u32 pack_p(float a, float b, float c, float d) {
-  return (u32)e4m3x2_from_f32(256.f * a, 256.f * b) | ((u32)e4m3x2_from_f32(256.f * c, 256.f * d) << 16);
-}
-
 // Key block j of the tile's segment into a ring stage: BKV K rows (keys past the segment's end
 // zero-filled: they may lie past the last token) and the 128 V^T rows of the same keys (the
 // V pass zero-pads each segment to a multiple of 128 keys, so those bytes always exist).
@@ -88,15 +75,6 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
     const int idx = threadIdx.x + i * THREADS, row = idx >> 2, chunk = idx & 3;
     cp_async_16(stage + K_BYTES + swz64(row, chunk), vseg + row * v_pitch + j * BKV + chunk * 16, 16);
   }
-}
-
-// The log-sum-exp of the true scores softmax_scale * q . k of a written row, for lse [heads,
-// tokens]. The loop's scores are those of K - mu (mu: the segment's key mean, the quantization
-// passes' [segments, heads, 128] array), in log2 units: sum_k 2^S = 2^m * l (l sums the unbiased
-// 2^(S - m); P's 2^8 bias never enters l), so their lse is (m + log2 l) * ln 2, and the shift
-// adds back softmax_scale * q . mu, with `dot` = q . mu from the bf16 q (see the epilogue).
-__device__ __forceinline__ float row_lse(float m, float l, float dot, float softmax_scale) {
-  return fmaf(softmax_scale, dot, (m + log2f(l)) * 0.6931471805599453f);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -294,52 +272,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     cp_async_wait<0>();
     __syncthreads();  // the ring and the Q tile are reused by the next tile
 
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-      l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-      l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    // out = bf16(O * s_v / (256 * l)), the contract's single rounding to bf16; l >= 1 on every
-    // written row. The FP32 quotient goes through one reciprocal per row (it may differ from the
-    // division by an FP32 ulp): 64 IEEE divisions per lane cost each work tile about a microsecond.
-    const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
-    const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
-    u16* out0 = out + (i64)row0 * pitch + h * HD + 2 * t;
-    u16* out1 = out + (i64)row1 * pitch + h * HD + 2 * t;
-    // q . mu for the lse: each lane takes the channels it writes (2t, 2t + 1 of every 8), each
-    // element of q read just before the same thread writes that element of out (out may alias
-    // q), in channel order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2).
-    const float* mus = mu + ((i64)seg * heads + h) * HD + 2 * t;
-    const int q_first = q_bounds[seg];  // a row past the end reads a valid row, and drops it
-    const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HD + 2 * t;
-    const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HD + 2 * t;
-    float d0 = 0.f, d1 = 0.f;
-#pragma unroll
-    for (int ct = 0; ct < HD / 8; ++ct) {
-      if (lse != nullptr) {
-        const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
-        const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
-        d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
-        d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
-      }
-      const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
-      if (row0 < end)
-        *reinterpret_cast<u32*>(out0 + ct * 8) =
-            (u32)bf16_from_f32(o[ct][0] * v0 * r0) | ((u32)bf16_from_f32(o[ct][1] * v1 * r0) << 16);
-      if (row1 < end)
-        *reinterpret_cast<u32*>(out1 + ct * 8) =
-            (u32)bf16_from_f32(o[ct][2] * v0 * r1) | ((u32)bf16_from_f32(o[ct][3] * v1 * r1) << 16);
-    }
-    if (lse != nullptr) {
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        d0 += __shfl_xor_sync(0xffffffffu, d0, x);
-        d1 += __shfl_xor_sync(0xffffffffu, d1, x);
-      }
-    }
-    if (lse != nullptr && t == 0) {
-      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, l0, d0, softmax_scale);
-      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, l1, d1, softmax_scale);
-    }
+    write_rows<HD>([&](int ct, int r) { return o[ct][r]; }, row0, end, t, m0, m1, l0, l1, s_v, mu, q, out, lse, seg,
+                   h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
   }
 }

@@ -3,7 +3,8 @@
 One call: validate every argument (nothing is launched before), take the segment plan (host,
 cached; no device sync when cu_seqlens_host is given), then on the caller's stream the Numba
 quantization passes into the stream's workspace and the CUDA kernel of
-cuda_src/varlen_attention_fp8.cu into `out` (h3kernels/_launch/varlen_attention_fp8.py).
+cuda_src/varlen_attention_fp8.cu (form 3: cuda_src/varlen_attention_fp8_sm90a.cu) into `out`
+(h3kernels/_launch/varlen_attention_fp8.py).
 """
 from h3kernels._launch import varlen_attention_fp8 as launch
 from h3kernels._runtime import arrays, targets, workspace
@@ -19,7 +20,8 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     current stream; with `cu_seqlens_host` (a host copy of cu_seqlens) there is no device sync,
     without it one device-to-host copy of cu_seqlens. `out` may alias q, k or v: the kernel reads
     only the quantized copies. fp8_mma_form: as minimax_h3_mlp_fp8's (-1 the board's form, 0 the
-    legacy e4m3 mma, 2 kind::mxf8f6f4 on sm_120a); every form gives the same bits.
+    legacy e4m3 mma, 2 kind::mxf8f6f4 on sm_120a, 3 the wgmma + TMA kernel on sm_90a); forms -1,
+    0 and 2 give the same bits, form 3 (opt-in) its own within the attention's tolerances.
 
     return_lse=True returns (out, lse): lse FP32 [heads, tokens], each row's natural log-sum-exp
     of the true scores softmax_scale * q . k over its segment's keys (the kernel's scores are
@@ -29,7 +31,7 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
                                                fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
-    form = targets.mma_form(call.device_id, fp8_mma_form)
+    form = targets.attention_mma_form(call.device_id, fp8_mma_form)
     if cu_host is None:
         cu_host = host_seqlens(call, cu_seqlens, None, tokens)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), arrays.BF16)

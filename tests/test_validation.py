@@ -387,8 +387,8 @@ ATTENTION_BAD = [
      "softmax_scale: got '0.1'; need a positive finite float", "RCG"),
     ("scale-bool", put("softmax_scale", lambda t, a: True), TypeError,
      "softmax_scale: got True; need a positive finite float", "RCG"),
-    ("form-1", lambda a: a.update(fp8_mma_form=1), ValueError, "fp8_mma_form: got 1; need -1, 0 or 2", "RCG"),
-    ("form-bool", lambda a: a.update(fp8_mma_form=False), ValueError, "fp8_mma_form: got False; need -1, 0 or 2",
+    ("form-1", lambda a: a.update(fp8_mma_form=1), ValueError, "fp8_mma_form: got 1; need -1, 0, 2 or 3", "RCG"),
+    ("form-bool", lambda a: a.update(fp8_mma_form=False), ValueError, "fp8_mma_form: got False; need -1, 0, 2 or 3",
      "RCG"),
     ("return-lse-int", lambda a: a.update(return_lse=1), TypeError, "return_lse: got 1; need True or False", "RCG"),
     ("return-lse-none", lambda a: a.update(return_lse=None), TypeError, "return_lse: got None; need True or False",
@@ -427,7 +427,7 @@ def test_reference_attention_takes_the_operators_arguments():
     read-back; out is written and returned."""
     a = attention_args("cpu", seqlens=(5, 0, 70), heads=2, seed=6)
     want = R.attention_fp8(a["q"], a["k"], a["v"], a["cu_seqlens_host"])
-    for form in (-1, 0, 2):
+    for form in (-1, 0, 2, 3):
         got = R.minimax_h3_varlen_attention_fp8(a["q"], a["k"], a["v"], a["cu_seqlens"], fp8_mma_form=form)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     out = a["out"]

@@ -5,9 +5,7 @@ constant of that source and the TMA tensor maps the GEMMs take.
 A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
-import ctypes
-import functools
-
+from h3kernels._launch.tma import tensor_map
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
@@ -77,30 +75,11 @@ def grid(m, n_tiles, sms, cluster):
     return cluster * min(groups, sms // cluster)
 
 
-@functools.lru_cache(maxsize=512)
-def _tensor_map(address, rows, pitch, box_rows):
-    """The 128 bytes of a TMA map of an e4m3 matrix [rows, pitch] (row-major, pitch bytes per
-    row) at `address`: boxes of box_rows x 128 bytes, 128B swizzle, rows past the end read as
-    zeros. The bytes depend only on these arguments, so they are cached on them."""
-    from cuda.bindings import driver as cu
-
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
-        [cu.cuuint64_t(pitch), cu.cuuint64_t(rows)], [cu.cuuint64_t(pitch)],
-        [cu.cuuint32_t(BK), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err} (address {address:#x}, rows {rows}, pitch {pitch})")
-    return ctypes.string_at(tmap.getPtr(), 128)
-
-
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=()):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
     Arguments are addresses."""
     fc1, _, _, sms, cluster = kernels(call.device_id, variant)
-    maps = (_tensor_map(a_q, m, HIDDEN, BM), _tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
+    maps = (tensor_map(a_q, m, HIDDEN, BM), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
     fc1.launch(call.stream_ptr, (grid(m, FC1_OUT // BN, sms, cluster), 1), GEMM_THREADS,
                (*maps, a_scale, w1_scale, y, m))
 
@@ -114,7 +93,7 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); the rest are addresses."""
     _, fc2, _, sms, cluster = kernels(call.device_id, variant)
-    maps = (_tensor_map(y_q, m, FFN, BM), _tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
+    maps = (tensor_map(y_q, m, FFN, BM), tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
     fc2.launch(call.stream_ptr, (grid(m, HIDDEN // BN, sms, cluster), 1), GEMM_THREADS,
                (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
                 residual, out, m))

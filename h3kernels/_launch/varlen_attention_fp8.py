@@ -1,6 +1,7 @@
 """The launches of minimax_h3_varlen_attention_fp8: the quantization passes (Numba,
 h3kernels/_launch/numba/varlen_attention_fp8_quant.py) into the stream's workspace, then the
-kernel of cuda_src/varlen_attention_fp8.cu, with every constant of that source.
+kernel of cuda_src/varlen_attention_fp8.cu, with every constant of that source, or for mma form
+3 the Hopper kernel of cuda_src/varlen_attention_fp8_sm90a.cu (varlen_attention_fp8_sm90a.py).
 
 Workspace (h3kernels/_runtime/workspace.py): one grow-only buffer per (device, stream) holding
 q8, k8, v8t, s_q, s_k, mu, s_v and the passes' partial sums, plus that stream's uploaded plans.
@@ -11,6 +12,7 @@ import numpy as np
 
 from h3kernels._launch import numba_ptx
 from h3kernels._launch import varlen_attention_fp8_plan as plan
+from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._launch.numba import geometry as G
 from h3kernels._runtime import compiler, workspace
 from h3kernels._runtime.arrays import data_ptr
@@ -184,7 +186,8 @@ def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes,
     per key), the workspace laid out for ws_tokens tokens, the passes `passes(n, block_offset,
     blocks, base)` gives, then the attention kernel. mu and s_v: addresses, or None for the
     workspace's own (which the passes fill)."""
-    f, max_ctas = attention_kernel(call.device_id, form)
+    if form != hopper.FORM:
+        f, max_ctas = attention_kernel(call.device_id, form)
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
     capturing = call.capturing
     stream = call.stream_ptr
@@ -198,9 +201,16 @@ def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes,
         if n_tiles:
             for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
                 kern.launch(stream, grid, threads, values)
-            f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
-                     (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk, base + o_v8t,
-                      base + o_sv if s_v is None else s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E,
-                      0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu if mu is None else mu,
-                      int(q.shape[0]), scale, q_bounds))
+            tail = (base + o_sv if s_v is None else s_v, data_ptr(out), heads)
+            rest = (0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu if mu is None else mu,
+                    int(q.shape[0]), scale, q_bounds)
+            if form == hopper.FORM:  # K rows past the keys' tokens are masked, whatever they hold
+                maps = hopper.maps(base + o_q8, int(q.shape[0]), base + o_k8, ws_tokens, base + o_v8t, heads,
+                                   n * K_BLOCK)
+                hopper.launch(call, n_tiles, maps, (tiles, n_tiles, block_offset, base + o_sq, base + o_sk, *tail,
+                                                    scale * LOG2E, *rest))
+            else:
+                f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
+                         (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
+                          base + o_v8t, *tail, n * K_BLOCK, scale * LOG2E, *rest))
         ws.record(capturing)

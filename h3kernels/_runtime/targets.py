@@ -68,7 +68,18 @@ def mma_form(device_id, requested=-1):
     return requested
 
 
-WGMMA_FORM = 3  # the MLP's Hopper family (cuda_src/mlp_fp8_sm90a.cu: wgmma + TMA), sm_90a only
+WGMMA_FORM = 3  # the Hopper families (cuda_src/*_sm90a.cu: wgmma + TMA), sm_90a only
+
+
+def _form_with_wgmma(device_id, requested):
+    """mma_form() plus form 3 on compute capability 9.0 (opt-in: -1 keeps form 0 there)."""
+    if not isinstance(requested, bool) and requested == WGMMA_FORM:
+        arch = device_arch(device_id)
+        if arch != "sm_90":
+            validate.fail("fp8_mma_form", requested, f"-1, 0 or 2 on this {arch} board (form 3 needs sm_90a)",
+                          ValueError)
+        return WGMMA_FORM
+    return mma_form(device_id, requested)
 
 
 def mlp_mma_form(device_id, requested=-1):
@@ -77,10 +88,12 @@ def mlp_mma_form(device_id, requested=-1):
     with fewer bits than FP32, so its GEMM sums differ from form 0's by more than FP32 rounding:
     about 3% of y elements land more than 1 bf16 ulp from the reference, against the contract's
     0.1% (docs/hopper.md)."""
-    if not isinstance(requested, bool) and requested == WGMMA_FORM:
-        arch = device_arch(device_id)
-        if arch != "sm_90":
-            validate.fail("fp8_mma_form", requested, f"-1, 0 or 2 on this {arch} board (form 3 needs sm_90a)",
-                          ValueError)
-        return WGMMA_FORM
-    return mma_form(device_id, requested)
+    return _form_with_wgmma(device_id, requested)
+
+
+def attention_mma_form(device_id, requested=-1):
+    """mma_form() for the attention, which also has form 3 (cuda_src/varlen_attention_fp8_sm90a.cu:
+    wgmma + TMA) on compute capability 9.0, opt-in: -1 keeps form 0 there. Its tensor cores add
+    with fewer bits than FP32, so its output is not the mma.sync forms' bits; it is held to the
+    attention's tolerances (docs/hopper.md)."""
+    return _form_with_wgmma(device_id, requested)

@@ -7,7 +7,7 @@ from h3kernels import _validate as v
 from h3kernels._runtime import arrays as adapter
 from h3kernels.constants import HEAD_DIM
 
-FP8_MMA_FORMS = (-1, 0, 2)
+FP8_MMA_FORMS = (-1, 0, 2, 3)
 
 
 def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
@@ -47,8 +47,8 @@ def softmax_scale(scale):
 
 
 def fp8_mma_form(form):
-    """-1 (the board's), 0 (legacy e4m3 mma) or 2 (kind::f8f6f4); whether the board has the form
-    is the launcher's to check, once the device is known."""
+    """-1 (the board's), 0 (legacy e4m3 mma), 2 (kind::f8f6f4) or 3 (the wgmma family); whether
+    the board has the form is the launcher's to check, once the device is known."""
     return v.one_of("fp8_mma_form", form, FP8_MMA_FORMS)
 
 

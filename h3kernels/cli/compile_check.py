@@ -163,7 +163,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     if tool:
         report["nvdisasm"] = dict(path=tool[0], version=".".join(map(str, tool[1])))
         print(f"nvdisasm {report['nvdisasm']['version']}: {tool[0]}", file=out)
-    print(f"{'source':<24}{'arch':<9}{'form':>5}  {'kernel':<28}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
+    print(f"{'source':<28}{'arch':<9}{'form':>5}  {'kernel':<32}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
           file=out)
     failures = report["failures"]
     for name in names:
@@ -194,7 +194,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     spill = r["spill_st"] + r["spill_ld"]
                     report["kernels"].append(dict(source=name, arch=arch, form=form, kernel=kernel, **r,
                                                   **({"mma": counts} if sass else {})))
-                    print(f"{name:<24}{arch:<9}{form:>5}  {kernel:<28}{r['regs']:>5}{r['smem']:>8}"
+                    print(f"{name:<28}{arch:<9}{form:>5}  {kernel:<32}{r['regs']:>5}{r['smem']:>8}"
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
                         failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
@@ -202,7 +202,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                     if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
                         failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
                 if counts is not None:
-                    print(f"{'':<40}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
+                    print(f"{'':<44}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
     for f in failures:
         print("FAIL", f, file=out)
     print(f"compile_check: {'FAILED' if failures else 'ok'} (NVRTC {report['nvrtc']})", file=out)

@@ -1,0 +1,426 @@
+"""The attention's wgmma family (fp8_mma_form=3, cuda_src/varlen_attention_fp8_sm90a.cu) on an
+H100/H200 in one run: its build report, its correctness against the reference, exact attention
+and form 0 (mma.sync), and its timings beside form 0, cuDNN and flash bf16 SDPA.
+
+python bench/hopper_attention.py [--json PATH] [--debug] [--no-time] [--no-peers]
+
+Stages (each caught on its own, so one failure still reports the rest; the JSON is rewritten
+after every stage):
+  build     ptxas report of the default build and of the timed variants (regs, spills, warnings)
+  first     one small call of form 3 polled with a timeout (a hang writes the report, exit 3)
+  small     segments [0, 1, 127, 128, 129, 1000] and [0, 300, 0, 77, 1, 0] (8 heads):
+            checks.attention_misses (reference and exact bounds), poisoned out fully written,
+            lse against form 0's, out aliasing q bitwise
+  debug     1 head, one segment of 128 and of 200 tokens: S and 256 * 2^(S - m) of the first 128
+            keys (DBG_STORE builds) against float64 from the reference's quantization, and O
+            against form 0 and the reference; the first mismatches printed (--debug: always,
+            else only when the small sets fail)
+  accuracy  4 x 4096 and 7000+3000+6000+384 on 4 heads: rel L2 of forms 3 and 0 against the
+            reference and against exact float64 attention, beside the reference's own error
+  heads     the same two sets on 56 heads: form 3 against form 0 (rel L2, max |diff|, lse) and
+            both against exact attention
+  time      4 x 4096 and 1 x 16384, 56 heads: whole call of forms 3 and 0 (out given,
+            cu_seqlens_host given), each kernel alone (its captured launch replayed), the
+            quantization passes alone, cuDNN and flash bf16 SDPA
+  variants  the VARIANTS builds (OVERLAP, PINGPONG, STAGES) bitwise against the default build, each
+            polled with a timeout; then the bitwise-equal ones timed, kernel alone
+The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import h3kernels
+from h3kernels import reference as R
+from h3kernels._launch import varlen_attention_fp8 as L
+from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+from h3kernels._runtime import compiler
+from h3kernels.cli.compile_check import parse_ptxas
+from h3kernels.testing.checks import attention_misses, exact_attention, rel_l2
+from h3kernels.testing.inputs import make_attention_inputs
+from h3kernels.testing.poison import poisoned_like
+from h3kernels.testing.timing import attention_flops, attention_quant_kernel_ms, median_ms_batched
+
+OUT = os.environ.get("OUT", "/tmp/h3out")
+os.makedirs(OUT, exist_ok=True)
+T0 = time.time()
+# builds checked bitwise against the default one and timed beside it
+VARIANTS = [(("OVERLAP", 1),), (("OVERLAP", 1), ("PINGPONG", 1)), (("OVERLAP", 0), ("PINGPONG", 0)), (("STAGES", 2),),
+            (("STAGES", 3),), (("OVERLAP", 1), ("STAGES", 3))]
+LOG2E = 1.4426950408889634
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def op(q, k, v, cu_dev, cu, form, out=None, **kw):
+    return h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu, fp8_mma_form=form,
+                                                     **kw)
+
+
+def nonfinite(t):
+    return int((~torch.isfinite(t.float())).sum())
+
+
+def wait(timeout_s):
+    ev = torch.cuda.Event()
+    ev.record()
+    t = time.time()
+    while not ev.query():
+        if time.time() - t > timeout_s:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+# --- stages ------------------------------------------------------------------------------------
+
+def stage_build():
+    res = {}
+    for variant in [()] + VARIANTS:
+        _, text, _ = compiler.compile_cubin("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
+                                            ("-Xptxas=-v",), use_cache=False)
+        name = "default" if not variant else "_".join(f"{k}{v}" for k, v in variant)
+        res[name] = dict(kernels=parse_ptxas(text), warnings=[ln for ln in text.splitlines() if "warn" in ln.lower()])
+        log("build", name, json.dumps(res[name]))
+    return res
+
+
+def stage_first():
+    q, k, v, cu_dev, cu = make_attention_inputs([130, 0, 7], 2, device="cuda", seed=1)
+    out = poisoned_like(q)
+    op(q, k, v, cu_dev, cu, 3, out)
+    if not wait(30):
+        raise TimeoutError("form 3 still running 30 s after its first launch (hang)")
+    want = op(q, k, v, cu_dev, cu, 0)
+    torch.cuda.synchronize()
+    res = dict(nonfinite=nonfinite(out), rel_l2_vs_form0=rel_l2(out, want))
+    log("first", json.dumps(res))
+    return res
+
+
+def _with_variant(variant, fn):
+    """fn() with the operator's form-3 launches built with `variant` defines."""
+    original = hopper.launch
+    hopper.launch = lambda call, n_tiles, maps, values, variant_=(): original(call, n_tiles, maps, values, variant)
+    try:
+        return fn()
+    finally:
+        hopper.launch = original
+
+
+def _mismatches(got, want, tol, what, n=8):
+    """The first n (row, key, got, want) where |got - want| > tol * (1 + |want|) or got is NaN
+    (infinite want: where got differs), and their count."""
+    finite = torch.isfinite(want)
+    bad = torch.where(finite, ~((got - want).abs() <= tol * (1 + want.abs())), got != want)  # NaN: bad
+    idx = torch.nonzero(bad)[:n].tolist()
+    out = [(r, c, float(got[r, c]), float(want[r, c])) for r, c in idx]
+    log(f"  {what}: {int(bad.sum())} of {bad.numel()} beyond {tol}: first {out}")
+    return dict(count=int(bad.sum()), first=out)
+
+
+def stage_debug():
+    res = {}
+    for n in (128, 200):
+        q, k, v, cu_dev, cu = make_attention_inputs([n], 1, device="cuda", seed=5)
+        scale = 1 / math.sqrt(128)
+        q8, s_q, k8, s_k, _, _ = R.quantize_attention_inputs(q, k, v, cu)
+        keys = min(n, 128)
+        dot = q8[:, 0].float().double() @ k8[:keys, 0].float().double().T  # [n, keys] (e4m3 via f32)
+        s_want = dot * s_q[:, 0].double()[:, None] * s_k[:keys, 0].double()[None, :] * (scale * LOG2E)
+        s_full = torch.full((n, 128), float("-inf"), dtype=torch.float64, device="cuda")
+        s_full[:, :keys] = s_want
+        # 256 * 2^(S - m) with m the running max after each 64-key block (keys 0-63, then 0-127)
+        m0 = s_full[:, :64].max(1).values
+        m1 = torch.maximum(m0, s_full[:, 64:].max(1).values)
+        p_want = torch.cat([256 * torch.exp2(s_full[:, :64] - m0[:, None]),
+                            256 * torch.exp2(s_full[:, 64:] - m1[:, None])], 1)
+        entry = {}
+        for dbg, want, what, tol in ((1, s_full, "S (log2 units)", 2e-2), (2, p_want, "256 2^(S - m)", 2e-2)):
+            out = torch.full_like(q, float("nan"))
+            _with_variant((("DBG_STORE", dbg), ("OVERLAP", 0), ("PINGPONG", 0)), lambda: op(q, k, v, cu_dev, cu, 3, out))
+            torch.cuda.synchronize()
+            got = out[:, 0].double()[:, :128]
+            entry[f"dbg{dbg}"] = _mismatches(got, want, tol, f"n={n} {what}")
+        o3 = op(q, k, v, cu_dev, cu, 3)
+        o0 = op(q, k, v, cu_dev, cu, 0)
+        ref = R.attention_fp8(q, k, v, cu)
+        torch.cuda.synchronize()
+        entry["O_vs_form0"] = _mismatches(o3[:, 0].double(), o0[:, 0].double(), 2e-2, f"n={n} O vs form 0")
+        entry["rel_l2_vs_form0"], entry["rel_l2_vs_ref"] = rel_l2(o3, o0), rel_l2(o3, ref)
+        log(f"debug n={n}: rel L2 vs form 0 {entry['rel_l2_vs_form0']:.3e}, vs reference {entry['rel_l2_vs_ref']:.3e}")
+        res[n] = entry
+    return res
+
+
+def stage_small():
+    res = {}
+    for seqlens in ([0, 1, 127, 128, 129, 1000], [0, 300, 0, 77, 1, 0]):
+        q, k, v, cu_dev, cu = make_attention_inputs(seqlens, 8, device="cuda", seed=11)
+        out = poisoned_like(q)
+        op(q, k, v, cu_dev, cu, 3, out)
+        o_lse, lse = op(q, k, v, cu_dev, cu, 3, return_lse=True)
+        _, lse0 = op(q, k, v, cu_dev, cu, 0, return_lse=True)
+        q2 = q.clone()
+        al = op(q2, k, v, cu_dev, cu, 3, q2, return_lse=True)
+        torch.cuda.synchronize()
+        misses = attention_misses(out, q, k, v, cu)
+        d = (lse.double() - lse0.double()).abs()
+        entry = dict(misses=misses, nonfinite=nonfinite(out), rel_l2_vs_ref=rel_l2(out, R.attention_fp8(q, k, v, cu)),
+                     lse_max_diff_vs_form0=float(d.max()) if d.numel() else 0.0,
+                     lse_nonfinite=int((~torch.isfinite(lse)).sum()),
+                     out_same_with_lse=bool(torch.equal(out.view(torch.int16), o_lse.view(torch.int16))),
+                     alias_q_bitwise=bool(torch.equal(q2.view(torch.int16), out.view(torch.int16))
+                                          and torch.equal(al[1], lse)))
+        entry["ok"] = (not misses and entry["out_same_with_lse"] and entry["alias_q_bitwise"]
+                       and entry["lse_nonfinite"] == 0 and entry["lse_max_diff_vs_form0"] <= 1e-3 * (1 + float(lse0.abs().max())))
+        log("small", seqlens, json.dumps(entry))
+        res["+".join(map(str, seqlens))] = entry
+    return res
+
+
+def stage_variants():
+    """Every build of VARIANTS against the default build, bitwise (the same arithmetic in the
+    same order), on a mixed set."""
+    res = {}
+    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 3000, 1], 8, device="cuda", seed=41)
+    want, want_lse = op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True)
+    for variant in VARIANTS:
+        name = "_".join(f"{a}{b}" for a, b in variant)
+        got, lse = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
+        if not wait(30):
+            raise TimeoutError(f"build {name} still running 30 s after its launch (hang)")
+        res[name] = dict(bitwise=bool(torch.equal(got.view(torch.int16), want.view(torch.int16))
+                                      and torch.equal(lse, want_lse)), rel_l2=rel_l2(got, want))
+        log("variant", name, json.dumps(res[name]))
+    return res
+
+
+def _accuracy(lens, heads, seed, with_reference):
+    q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, device="cuda", seed=seed)
+    o3, l3 = op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True)
+    o0, l0 = op(q, k, v, cu_dev, cu, 0, poisoned_like(q), return_lse=True)
+    torch.cuda.synchronize()
+    exact = exact_attention(q, k, v, cu)
+    e = dict(heads=heads, nonfinite3=nonfinite(o3), rel_l2_3_vs_0=rel_l2(o3, o0),
+             max_abs_3_vs_0=float((o3.float() - o0.float()).abs().max()),
+             lse_max_diff_3_vs_0=float((l3.double() - l0.double()).abs().max()),
+             err3_exact=rel_l2(o3, exact), err0_exact=rel_l2(o0, exact))
+    if with_reference:
+        ref = R.attention_fp8(q, k, v, cu)
+        e.update(err3_ref=rel_l2(o3, ref), err0_ref=rel_l2(o0, ref), ref_exact=rel_l2(ref, exact),
+                 misses3=attention_misses(o3, q, k, v, cu))
+        e["ratio3_exact_over_ref_exact"] = e["err3_exact"] / e["ref_exact"]
+    e["ratio3_over_0_exact"] = e["err3_exact"] / e["err0_exact"]
+    return e
+
+
+def stage_accuracy():
+    res = {}
+    for name, lens in (("4x4096", [4096] * 4), ("mixed", [7000, 3000, 6000, 384])):
+        res[name] = _accuracy(lens, 4, 21, True)
+        log("accuracy", name, json.dumps(res[name]))
+    return res
+
+
+def stage_heads():
+    res = {}
+    for name, lens in (("4x4096", [4096] * 4), ("mixed", [7000, 3000, 6000, 384])):
+        res[name] = _accuracy(lens, 56, 22, False)
+        log("heads", name, json.dumps(res[name]))
+        torch.cuda.empty_cache()
+    return res
+
+
+def _captured_launch(q, k, v, cu_dev, cu, form, out):
+    """A call of the operator, with the attention kernel's launch captured: a function that
+    launches that kernel alone again (the workspace stays as the call left it)."""
+    got = {}
+    if form == hopper.FORM:
+        original = hopper.launch
+
+        def record(call, n_tiles, maps, values, variant=()):
+            got["fn"] = lambda: original(call, n_tiles, maps, values, variant)
+            return original(call, n_tiles, maps, values, variant)
+
+        hopper.launch = record
+        try:
+            op(q, k, v, cu_dev, cu, form, out)
+        finally:
+            hopper.launch = original
+    else:
+        original = L.attention_kernel
+
+        class Recorder:
+            def __init__(self, f):
+                self.f = f
+
+            def launch(self, *a):
+                got["fn"] = lambda: self.f.launch(*a)
+                return self.f.launch(*a)
+
+        def patched(device_id, form_):
+            f, cap = original(device_id, form_)
+            return Recorder(f), cap
+
+        L.attention_kernel = patched
+        try:
+            op(q, k, v, cu_dev, cu, form, out)
+        finally:
+            L.attention_kernel = original
+    torch.cuda.synchronize()
+    return got["fn"]
+
+
+def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True):
+    from h3kernels.peers.torch_attention import SegmentedSDPA
+
+    res = {}
+    for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
+        q, k, v, cu_dev, cu = make_attention_inputs(lens, 56, device="cuda", seed=31)
+        flops = attention_flops(lens, 56)
+        row = dict(tflop=flops / 1e12)
+        tf = lambda ms: flops / ms / 1e9  # noqa: E731
+
+        def timed(key, fn, batch=4):
+            try:
+                fn()
+                torch.cuda.synchronize()
+                ms = median_ms_batched(fn, batch=batch, warmup=1, reps=7)
+                row[key] = dict(ms=ms, tflops=tf(ms))
+            except Exception as err:
+                row[key] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+            log("time", name, key, json.dumps(row[key]))
+
+        out = torch.empty_like(q)
+        for form in forms:
+            timed(f"call_form{form}", lambda form=form: op(q, k, v, cu_dev, cu, form, out))
+            try:
+                kernel = _captured_launch(q, k, v, cu_dev, cu, form, out)
+                timed(f"kernel_form{form}", kernel)
+            except Exception as err:
+                row[f"kernel_form{form}"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+        for variant in variants:
+            key = "kernel_form3_" + "_".join(f"{a}{b}" for a, b in variant)
+            try:
+                kernel = _with_variant(variant, lambda: _captured_launch(q, k, v, cu_dev, cu, 3, out))
+                timed(key, kernel)
+            except Exception as err:
+                row[key] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+        if quant:
+            try:
+                total, _ = attention_quant_kernel_ms(q, k, v, cu_dev, cu)
+                row["quant_passes"] = dict(ms=total)
+            except Exception as err:
+                row["quant_passes"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+        if peers and not args.no_peers:
+            from torch.nn.attention import SDPBackend
+
+            views = SegmentedSDPA(q, k, v, cu)
+            for key, be in (("cudnn_sdpa_bf16", SDPBackend.CUDNN_ATTENTION), ("flash_sdpa_bf16",
+                                                                              SDPBackend.FLASH_ATTENTION)):
+                timed(key, lambda be=be: views(be))
+                if "error" in row[key]:  # strided views refused: contiguous copies, made once, untimed
+                    copies = SegmentedSDPA(q, k, v, cu, contiguous=True)
+                    timed(key, lambda be=be: copies(be))
+                    del copies
+        res[name] = row
+    return res
+
+
+def table(rep):
+    lines = []
+    t = rep["stages"].get("time") or {}
+    tv = rep["stages"].get("time_variants") or {}
+    if isinstance(t, dict) and "error" not in t:
+        if isinstance(tv, dict) and "error" not in tv:
+            t = {n: {**row, **tv.get(n, {})} for n, row in t.items()}
+        keys = ["call_form3", "kernel_form3", "call_form0", "kernel_form0", "quant_passes", "cudnn_sdpa_bf16",
+                "flash_sdpa_bf16"] + ["kernel_form3_" + "_".join(f"{a}{b}" for a, b in v) for v in VARIANTS]
+        sets = list(t)
+        lines.append(f"{'56 heads':<32}" + "".join(f"{n:>22}" for n in sets))
+        for k in keys:
+            cells = []
+            for n in sets:
+                c = t[n].get(k, {})
+                if "ms" in c:
+                    cells.append(f"{c['ms']:8.3f} ms" + (f" {c['tflops']:5.0f} TF" if "tflops" in c else ""))
+                else:
+                    cells.append("error" if c else "-")
+            lines.append(f"{k:<32}" + "".join(f"{x:>22}" for x in cells))
+    for sname in ("accuracy", "heads"):
+        a = rep["stages"].get(sname) or {}
+        if isinstance(a, dict) and "error" not in a:
+            for name, e in a.items():
+                lines.append(f"{sname} {name} ({e['heads']}h): 3 vs exact {e['err3_exact']:.4e}, 0 vs exact "
+                             f"{e['err0_exact']:.4e} (ratio {e['ratio3_over_0_exact']:.4f}), 3 vs 0 "
+                             f"{e['rel_l2_3_vs_0']:.3e}" + (f", 3 vs ref {e['err3_ref']:.4e}, ref vs exact "
+                                                           f"{e['ref_exact']:.4e}, misses {e['misses3']}"
+                                                           if "err3_ref" in e else ""))
+    for sname, s in rep["stages"].items():
+        if isinstance(s, dict) and "error" in s:
+            lines.append(f"stage {sname}: ERROR {s['error'].splitlines()[-1]}")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=os.path.join(OUT, "hopper_attention.json"))
+    p.add_argument("--debug", action="store_true", help="run the debug stage even when the small sets pass")
+    p.add_argument("--no-time", action="store_true")
+    p.add_argument("--no-peers", action="store_true", help="skip the SDPA timings")
+    args = p.parse_args()
+    rep = dict(device=torch.cuda.get_device_name(), cc=list(torch.cuda.get_device_capability()),
+               torch=torch.__version__, stages={})
+
+    def save():
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=1, default=str)
+
+    def stage(name, fn):
+        log(f"--- {name}")
+        try:
+            rep["stages"][name] = fn()
+        except Exception:
+            rep["stages"][name] = dict(error=traceback.format_exc())
+            log(f"stage {name} FAILED:\n{rep['stages'][name]['error']}")
+        save()
+        return rep["stages"][name]
+
+    stage("build", stage_build)
+    first = stage("first", stage_first)
+    if "error" in first and "hang" in first["error"]:
+        print(table(rep))
+        save()
+        os._exit(3)  # a hung kernel: nothing else can run on this context
+    small = stage("small", stage_small)
+    if args.debug or "error" in first or "error" in small or not all(e.get("ok") for e in small.values()):
+        stage("debug", stage_debug)
+    stage("accuracy", stage_accuracy)
+    stage("heads", stage_heads)
+    if not args.no_time:
+        stage("time", lambda: stage_time(args))
+    # the other builds last: a hang there (exit 3) leaves every figure above in the report
+    variants = stage("variants", stage_variants)
+    if "error" in variants and "hang" in variants["error"]:
+        print(table(rep))
+        save()
+        os._exit(3)
+    if not args.no_time and "error" not in variants:
+        good = [v for v in VARIANTS if variants.get("_".join(f"{a}{b}" for a, b in v), {}).get("bitwise")]
+        stage("time_variants", lambda: stage_time(args, good, forms=(), peers=False, quant=False))
+    rep["seconds"] = time.time() - T0
+    save()
+    print(table(rep))
+    log("json:", args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+// minimax_h3_varlen_attention_fp8 on Hopper (sm_90a, fp8_mma_form 3): the function of
+// varlen_attention_fp8.cu, block for block, on wgmma with TMA loads. Same inputs (the
+// quantization passes' q8, s_q, k8, s_k, v8t, s_v, mu in the workspace) and the same plan of
+// work tiles (start, len, first query, head, segment), walked by a persistent grid.
+//
+// Numerics, as varlen_attention_fp8.cu: keys in blocks of BKV = 64 from the segment's start; per
+// block S = q8 . k8^T scaled to log2 units (s_q * s_k * softmax_scale * log2 e), keys past the
+// segment's end masked to -inf, the running max updated, P = e4m3(256 * 2^(S - m)), l summing
+// the unquantized 2^(S - m), O = O * 2^(m_old - m) + P . V; at the end out = bf16(O * s_v /
+// (256 l)) and lse (write_rows, varlen_attention_fp8_common.cuh).
+//
+// The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
+// the TMA loads: the tile's Q (128 rows x 128 bytes, one 128B-swizzled box of the q8 map over
+// [tokens, heads * 128]) and a STAGES-deep ring of 128-key stages, each a K box (128 key rows of
+// the k8 map) and a V^T box (128 channel rows x 128 keys of the v8t map over [heads * 128,
+// v_pitch]). Warpgroups 1 and 2 each own 64 query rows and run the softmax loop over the two
+// 64-key blocks of every stage. Barriers: full[s] (TMA bytes landed), empty[s] (all 8 consumer
+// warps done with the stage), q_full / q_empty likewise for the Q tile.
+//
+// Operands: Q and K are K-major (head dim contiguous, exactly one 128-byte swizzled row), so
+// S = Q K^T is wgmma m64n64k32 from shared memory in 4 k32 steps. P V takes P from registers
+// (the A fragment of a warp is the m16n8k32 mma.sync one, and the S accumulator of a warp is the
+// m16n8 C layout per n8 tile) and V^T from shared memory (keys contiguous: K-major). The V pass
+// stores the keys of every 16-key group permuted so that a lane's S values are its A fragment
+// as they stand (varlen_attention_fp8.cu, 'Why the V pass permutes keys'); the wgmma B
+// operand reads storage order like ldmatrix does, so the same v8t serves both kernels.
+//
+// Accumulation: the e4m3 wgmma adds with about 14 bits below the largest magnitude
+// (docs/hopper.md). S sums the 128 products of a row and key inside the tensor core (one
+// head dimension, as the MLP's 128-wide K slices); P V of each 64-key block goes to a zeroed
+// 64-register partial (2 k32 steps), added to the FP32 O in registers with the rescale
+// (O = O * alpha + partial), so no more than 64 keys meet inside the tensor core.
+//
+// Rows past the segment's end: their Q rows (the next segment's, or TMA zeros past the last
+// token) give finite S, are scaled by 0 and never written. K rows past the end are masked; V^T
+// columns past the end are the V pass's zero padding (each segment padded to 128 keys), so P V
+// stays finite. out and q carry no __restrict__: out may alias q, which the epilogue reads.
+#include "hopper_common.cuh"
+#include "varlen_attention_fp8_common.cuh"
+
+// From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
+#if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
+    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG)
+#error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
+#endif
+#if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
+#error "the warpgroup roles below assume 128-query tiles, 64-key blocks, 128-key stages and head dim 128"
+#endif
+
+#define THREADS 384             // 3 warpgroups
+#define CONSUMER_WARPS 8
+#define STAGE_KEYS KSB          // keys per ring stage: one K scale block, one TMA box of K and of V^T
+#define Q_BYTES (BQ * HD)
+#define K_BYTES (STAGE_KEYS * HD)
+#define STAGE_BYTES (2 * K_BYTES)  // K rows, then V^T rows (128 channels x 128 keys)
+
+// Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
+// writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
+// k, bf16) instead of O, DBG_STORE 2 the unrounded 256 * 2^(S - m), so that a wrong fragment
+// layout shows itself element by element (OVERLAP 0 only).
+#ifndef DBG_STORE
+#define DBG_STORE 0
+#endif
+#if PINGPONG && !OVERLAP
+#error "PINGPONG orders the issue of OVERLAP's schedule"
+#endif
+
+// Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
+// with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
+// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier).
+__device__ __forceinline__ void turn_wait(int consumer) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int consumer) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+}
+
+// S of one 64-key block (4 k32 steps over the head dimension) into s, issued, not waited for.
+__device__ __forceinline__ void issue_s(float (&s)[32], u32 q_rows, u32 k_rows) {
+#pragma unroll
+  for (int k = 0; k < HD / 32; ++k) wgmma_m64n64k32_e4m3(s, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k);
+}
+
+// P . V of one 64-key block into the zeroed partial `part`, issued, not waited for. v_keys: the
+// block's first key column in the stage's V^T rows.
+__device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys) {
+#pragma unroll
+  for (int kk = 0; kk < BKV / 32; ++kk) wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc(v_keys + 32 * kk), kk);
+}
+
+// O = O * alpha + part, once part's wgmmas are waited for.
+__device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    fence_regs(part[i]);  // the additions read part only after the wait
+    o[i] = fmaf(o[i], (i & 2) ? a1 : a0, part[i]);
+  }
+}
+
+// The softmax step of one 64-key block, varlen_attention_fp8.cu's arithmetic in its order: S
+// (s, this lane's fragment: register i at row g + 8 ((i / 2) % 2), key 8 (i / 4) + 2t + i % 2)
+// scaled by cb to log2 units, keys from `valid` on masked, the running max (m) and sum (l)
+// updated, alpha = 2^(m_old - m) returned in a, and P = e4m3(256 * 2^(S - m)) packed as the A
+// fragments of the block's two k32 steps. s[4 nt + r] is the mma.sync C register r of n8 tile
+// nt, so the packing is the mma.sync kernel's. dbg(s, 1) sees the masked S, dbg(s, 2) 2^(S - m).
+template <class Dbg>
+__device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
+                                              float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
+                                              int valid, int t, Dbg dbg) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] *= (i & 2) ? cb1 : cb0;
+  if (valid < BKV) {  // CTA-uniform: only a segment's last block has keys to mask
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) s[i] = neg_inf();
+  }
+  dbg(s, 1);
+  float mx0 = m0, mx1 = m1;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    if (i & 2)
+      mx1 = fmaxf(mx1, s[i]);
+    else
+      mx0 = fmaxf(mx0, s[i]);
+  }
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+  }
+  // Block 0 always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
+  a0 = ex2(m0 - mx0);
+  a1 = ex2(m1 - mx1);
+  m0 = mx0;
+  m1 = mx1;
+  l0 *= a0;
+  l1 *= a1;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    s[i] = ex2(s[i] - ((i & 2) ? m1 : m0));
+    if (i & 2)
+      l1 += s[i];
+    else
+      l0 += s[i];
+  }
+  dbg(s, 2);
+#pragma unroll
+  for (int kk = 0; kk < BKV / 32; ++kk) {
+    const float* p = s + 16 * kk;  // n8 tiles 4kk .. 4kk + 3: keys 32kk .. 32kk + 31
+    pa[kk][0] = pack_p(p[0], p[1], p[4], p[5]);
+    pa[kk][1] = pack_p(p[2], p[3], p[6], p[7]);
+    pa[kk][2] = pack_p(p[8], p[9], p[12], p[13]);
+    pa[kk][3] = pack_p(p[10], p[11], p[14], p[15]);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    h3_varlen_attention_fp8_wgmma(const __grid_constant__ TmaMap map_q, const __grid_constant__ TmaMap map_k,
+                                  const __grid_constant__ TmaMap map_v, const int* __restrict__ tiles, int n_tiles,
+                                  const int* __restrict__ block_offset, const float* __restrict__ s_q,
+                                  const float* __restrict__ s_k, const float* __restrict__ s_v, u16* out, int heads,
+                                  float scale_log2, float* __restrict__ lse, const u16* q,
+                                  const float* __restrict__ mu, int tokens, float softmax_scale,
+                                  const int* __restrict__ q_bounds) {
+  extern __shared__ u8 smem_raw[];
+  __shared__ __align__(8) u64 full[STAGES], empty[STAGES], q_full, q_empty;
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
+  const u32 q_smem = base, ring = base + Q_BYTES;
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMER_WARPS);
+    }
+    mbar_init(&q_full, 1);
+    mbar_init(&q_empty, CONSUMER_WARPS);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    regs_dealloc<PRODUCER_REGS>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&map_q);
+      tma_prefetch_map(&map_k);
+      tma_prefetch_map(&map_v);
+      int stage = 0;
+      u32 phase = 0, q_phase = 0;
+      for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int* w = tiles + (i64)tile * TILE_INTS;
+        const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
+        const int kb0 = block_offset[seg];
+        mbar_wait(&q_empty, q_phase ^ 1);  // the previous tile's last S is done
+        q_phase ^= 1;
+        mbar_arrive_expect_tx(&q_full, Q_BYTES);
+        tma_load_2d(q_smem, &map_q, h * HD, q0, &q_full);
+#pragma unroll 1
+        for (int j = 0; j * STAGE_KEYS < len; ++j) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          mbar_arrive_expect_tx(&full[stage], STAGE_BYTES);
+          const u32 dst = ring + stage * STAGE_BYTES;
+          tma_load_2d(dst, &map_k, h * HD, start + j * STAGE_KEYS, &full[stage]);
+          tma_load_2d(dst + K_BYTES, &map_v, (kb0 + j) * KSB, h * HD, &full[stage]);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    regs_alloc<CONSUMER_REGS>();
+    const int consumer = wg - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const i64 pitch = (i64)heads * HD;  // elements between consecutive tokens of out and q
+    int stage = 0;  // the ring stage of the next block's keys, and its full barrier's phase
+    u32 phase = 0, q_phase = 0;
+    float part[64];  // one 64-key block's P V (the first k32 step overwrites it)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i] = 0.f;
+#if PINGPONG
+    if (consumer == 1) turn_pass(consumer);  // warpgroup 0 issues first
+#endif
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+      const int* w = tiles + (i64)tile * TILE_INTS;
+      const int len = w[1], q0 = w[2], h = w[3], seg = w[4];
+      const int end = q_bounds[seg + 1], kb0 = block_offset[seg];
+      const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS, n_blocks = (len + BKV - 1) / BKV;
+      const int row0 = q0 + 64 * consumer + 16 * warp + g, row1 = row0 + 8;  // this lane's two query rows
+      // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written
+      const float c0 = row0 < end ? s_q[(i64)row0 * heads + h] * scale_log2 : 0.f;
+      const float c1 = row1 < end ? s_q[(i64)row1 * heads + h] * scale_log2 : 0.f;
+      // s_k of each stage, read one stage ahead (its latency would stall the softmax)
+      const float* sk_col = s_k + (i64)kb0 * heads + h;
+      float sk = 0.f, sk_next = sk_col[0];
+
+      float o[64];  // O: row0 / row1, channel 8 (i / 4) + 2t + i % 2 (wgmma fragment layout)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
+      const u32 a_q = q_smem + consumer * 64 * HD;
+      float s[32];
+      u32 pa[BKV / 32][4];
+      float a0, a1;  // the rescale of the block whose P V is pending
+      mbar_wait(&q_full, q_phase);
+      q_phase ^= 1;
+      // block j: keys 64 j .. of the segment, in stage j / 2 of the tile (K rows 64 (j % 2) ..,
+      // V^T key columns 64 (j % 2) ..); a stage is freed after the P V of its last block
+#if !OVERLAP
+#if DBG_STORE
+      auto dbg = [&](const float (&v)[32], int which, int j) {
+        if (which != DBG_STORE || j >= STAGE_KEYS / BKV) return;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int row = (i & 2) ? row1 : row0, key = j * BKV + 8 * (i >> 2) + 2 * t + (i & 1);
+          if (row < end) out[(i64)row * pitch + h * HD + key] = bf16_from_f32((DBG_STORE == 2 ? 256.f : 1.f) * v[i]);
+        }
+      };
+#else
+      auto dbg = [](const float (&)[32], int, int) {};
+#endif
+      // Each block in turn: S, its softmax, its P V; the two consumer warpgroups interleave.
+#pragma unroll 1
+      for (int j = 0; j < n_blocks; ++j) {
+        if ((j & 1) == 0) {
+          sk = sk_next;
+          if (j / 2 + 1 < n_stages) sk_next = sk_col[(i64)(j / 2 + 1) * heads];
+          mbar_wait(&full[stage], phase);
+        }
+        const u32 k_rows = ring + stage * STAGE_BYTES + (j & 1) * BKV * HD;
+        wgmma_fence();
+        issue_s(s, a_q, k_rows);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) fence_regs(s[i]);
+        if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
+        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t,
+                      [&](const float (&v)[32], int which) { dbg(v, which, j); });
+        wgmma_fence();
+        issue_pv(part, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV);
+        wgmma_commit();
+        wgmma_wait<0>();
+        add_block(o, part, a0, a1);
+        if ((j & 1) || j == n_blocks - 1) {  // the stage's last block
+          if (lane == 0) mbar_arrive(&empty[stage]);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+#else
+      // S of block j is issued with the P V of block j - 1 behind it, and the softmax of block
+      // j runs while that P V is in the tensor core. The same arithmetic in the same order as
+      // above (bitwise the same result): O takes block j - 1's partial with its own alpha.
+      int pv_stage = stage;  // the stage of the block whose P V is pending
+#pragma unroll 1
+      for (int j = 0; j < n_blocks; ++j) {
+        if ((j & 1) == 0) {
+          sk = sk_next;
+          if (j / 2 + 1 < n_stages) sk_next = sk_col[(i64)(j / 2 + 1) * heads];
+          mbar_wait(&full[stage], phase);
+        }
+#if PINGPONG
+        turn_wait(consumer);
+#endif
+        wgmma_fence();
+        issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
+        wgmma_commit();
+        if (j > 0) {
+          issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j - 1) & 1) * BKV);
+          wgmma_commit();
+        }
+#if PINGPONG
+        turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
+#endif
+        if (j > 0)
+          wgmma_wait<1>();  // S of block j is done; block j - 1's P V may still run
+        else
+          wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) fence_regs(s[i]);
+        if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
+        u32 pn[BKV / 32][4];
+        float a0n, a1n;
+        softmax_block(s, pn, m0, m1, l0, l1, a0n, a1n, c0 * sk, c1 * sk, len - j * BKV, t,
+                      [](const float (&)[32], int) {});
+        if (j > 0) {
+          wgmma_wait<0>();
+          add_block(o, part, a0, a1);
+          if (((j - 1) & 1) && lane == 0) mbar_arrive(&empty[pv_stage]);  // block j - 1 ended its stage
+        }
+#pragma unroll
+        for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+        a0 = a0n;
+        a1 = a1n;
+        pv_stage = stage;
+        if (j & 1) {
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+      // the last block's P V; it ends its stage
+      wgmma_fence();
+      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV);
+      wgmma_commit();
+      wgmma_wait<0>();
+      add_block(o, part, a0, a1);
+      if (lane == 0) mbar_arrive(&empty[pv_stage]);
+      if (((n_blocks - 1) & 1) == 0) {  // a stage of one block: not yet stepped past
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+#endif
+#if !DBG_STORE
+      write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0, l1, s_v, mu, q, out,
+                     lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
+#endif
+    }
+#if PINGPONG
+    if (consumer == 0) turn_wait(consumer);  // warpgroup 1's last pass: every arrival has its wait
+#endif
+  }
+}

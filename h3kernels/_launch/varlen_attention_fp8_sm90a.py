@@ -1,0 +1,76 @@
+"""The Hopper launch of minimax_h3_varlen_attention_fp8 (mma form 3, sm_90a): the kernel of
+cuda_src/varlen_attention_fp8_sm90a.cu on wgmma with TMA loads, with every constant of that
+source and its three tensor maps (q8, k8, v8t of the workspace).
+
+The quantization passes, the workspace and the plan are the mma.sync kernel's
+(h3kernels/_launch/varlen_attention_fp8.py, whose _attend sends form 3 here).
+"""
+from h3kernels._launch import varlen_attention_fp8_plan as plan
+from h3kernels._launch.tma import tensor_map
+from h3kernels._runtime import compiler
+from h3kernels._runtime.targets import sm_count
+from h3kernels.constants import HEAD_DIM, K_BLOCK
+
+ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
+ARCHS = (ARCH,)  # what compile_check builds this source for
+FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
+
+# cuda_src/varlen_attention_fp8_sm90a.cu, built with exactly these (defines()):
+BQ = plan.Q_TILE  # queries per work tile: 2 consumer warpgroups x 64 rows
+BKV = 64  # keys per softmax block, as the mma.sync kernel's (the same running max, the same P)
+KSB = K_BLOCK  # keys per K scale block, and per ring stage (one TMA box of K and of V^T)
+HD = HEAD_DIM  # 128 e4m3 = one 128-byte swizzled row
+STAGES = 4  # TMA ring depth: 4 x 32 KiB
+TILE_INTS = plan.TILE_COLS
+PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
+CONSUMER_REGS = 240  # registers of each softmax warpgroup: 64 of O, 64 of a P V partial, 32 of S
+OVERLAP = 0  # 1: each block's softmax runs while the previous block's P V is in the tensor core
+# (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn
+PINGPONG = 0  # with OVERLAP 1: the two consumer warpgroups take turns issuing their wgmmas
+# (named barriers), so that one's softmax runs while the other's matrix products do
+THREADS = 384
+SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
+DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
+# map_q, map_k, map_v, tiles, n_tiles, block_offset, s_q, s_k, s_v, out, heads, scale_log2, lse
+# (0: not wanted), q, mu, tokens, softmax_scale, q_bounds
+PARAMS = ("map",) * 3 + ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "i32", "f32", "u64", "u64", "u64", "i32",
+                         "f32", "u64")
+
+
+def defines(arch=ARCH, form=FORM, **variant):
+    """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
+    d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
+             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG)
+    d.update(variant)
+    return d
+
+
+_kernels = compiler.cache({})  # (device id, variant) -> (kernel, SMs)
+
+
+def attention_kernel(device_id, variant=()):
+    """The kernel on a device; `variant`: sorted (name, value) pairs overriding defines()."""
+    k = _kernels.get((device_id, variant))
+    if k is None:
+        d = defines(**dict(variant))
+        ident = ("nvrtc", "varlen_attention_fp8_sm90a", tuple(sorted(d.items())))
+        image = lambda: compiler.compile_cubin("varlen_attention_fp8_sm90a", ARCH, d)[0]  # noqa: E731
+        f = compiler.load_kernel(ident, image, "h3_varlen_attention_fp8_wgmma", device_id, PARAMS, SMEM_BYTES)
+        k = _kernels[(device_id, variant)] = (f, sm_count(device_id))
+    return k
+
+
+def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch):
+    """The three tensor maps (128 bytes each) of the workspace's q8 [q_rows, heads * 128] and
+    k8 [k_rows, heads * 128] (128 x 128-byte boxes: 128 tokens of one head) and v8t [heads * 128,
+    v_pitch] (128 channels x 128 keys); rows past the end read as zeros."""
+    pitch = heads * HD
+    return (tensor_map(q8, q_rows, pitch, BQ), tensor_map(k8, k_rows, pitch, KSB),
+            tensor_map(v8t, heads * HD, v_pitch, HD))
+
+
+def launch(call, n_tiles, the_maps, values, variant=()):
+    """The kernel on the call's stream over n_tiles plan tiles, a persistent grid of at most one
+    CTA per SM. values: the parameters after the maps (PARAMS)."""
+    f, sms = attention_kernel(call.device_id, variant)
+    f.launch(call.stream_ptr, (min(n_tiles, sms), 1), THREADS, (*the_maps, *values))

@@ -1,0 +1,299 @@
+"""The attention's wgmma family (fp8_mma_form 3, cuda_src/varlen_attention_fp8_sm90a.cu): its build
+(no GPU), the fragment bookkeeping of P between its two wgmmas (a numpy model of both layouts),
+the form selection and launch parameters, and (GPU, compute capability 9.0) its results.
+
+Its tensor cores add with fewer bits than FP32 (S: 128 products per score; P V: 64 keys per
+partial), so its output is not the mma.sync forms' bits; it is held to the attention's settled
+bounds (h3kernels.testing.checks.attention_misses: rel L2 from the reference, and against exact
+attention at most 1.1x the reference's own error)."""
+import numpy as np
+import pytest
+import torch
+
+import h3kernels
+from h3kernels import reference as R
+from h3kernels._launch import varlen_attention_fp8 as L
+from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+from h3kernels._launch.numba.varlen_attention_fp8_quant import v_key_at
+from h3kernels._runtime import compiler, launcher, targets
+from h3kernels.cli import compile_check
+from h3kernels.testing.checks import attention_misses, rel_l2, same_bits
+from h3kernels.testing.inputs import make_attention_inputs
+from h3kernels.testing.poison import poisoned_like
+
+
+def _on_sm90():
+    try:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    except Exception:
+        return False
+
+
+needs_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs a compute capability 9.0 GPU (sm_90a)")
+
+
+def test_varlen_sm90a_builds_without_spills_or_serialized_wgmma(capsys):
+    assert compile_check.check(("sm_90",), ["varlen_attention_fp8_sm90a"])["ok"]
+    out = capsys.readouterr().out
+    assert "sm_90a" in out and "h3_varlen_attention_fp8_wgmma" in out
+
+
+def test_varlen_sm90a_build_without_its_constants_stops():
+    with pytest.raises(compiler.CompileError, match="-D constants"):
+        compiler.compile_cubin("varlen_attention_fp8_sm90a", "sm_90a", {}, use_cache=False)
+
+
+def test_varlen_sm90a_constants_fit_the_kernel_and_sm90():
+    assert hopper.BKV == L.BKV  # the same key blocks as the mma.sync kernel: the same running max
+    assert hopper.KSB == L.KSB == 128 and hopper.HD == 128 and hopper.BQ == 128
+    assert hopper.SMEM_BYTES <= 227 * 1024
+    assert 24 * 128 + 2 * hopper.CONSUMER_REGS * 128 <= 65536
+
+
+def test_varlen_sm90a_map_parameters_sit_where_the_entry_expects_them():
+    offsets = launcher.param_layout(hopper.PARAMS)[1]
+    assert offsets[:4] == [0, 128, 256, 384] and len(hopper.PARAMS) == 18
+    # the mma.sync kernel's parameters without q8, k8, v8t and v_pitch, the same order otherwise
+    assert hopper.PARAMS[3:] == L.PARAMS[:3] + (L.PARAMS[4], L.PARAMS[6]) + L.PARAMS[8:11] + L.PARAMS[12:]
+
+
+# --- the P fragment between the two wgmmas ---------------------------------------------------------
+
+def accumulator_at(thread, i):
+    """(row, column) of register i of warpgroup thread `thread` in a wgmma f32 accumulator."""
+    w, lane = thread // 32, thread % 32
+    return 16 * w + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2
+
+
+def a_register_at(thread, r, b):
+    """(row, k column) of byte b of A register r of thread `thread` (wgmma m64nNk32, 8-bit A from
+    registers: per warp the m16n8k32 mma.sync A fragment)."""
+    w, lane = thread // 32, thread % 32
+    return 16 * w + lane // 4 + 8 * (r % 2), 4 * (lane % 4) + b + 16 * (r // 2)
+
+
+def test_varlen_sm90a_p_registers_times_permuted_v_is_p_times_v():
+    """The kernel packs each thread's S accumulator of a 64-key block (wgmma m64n64) into the A
+    registers of two k32 steps without moving data between threads (indices 16kk + {0,1,4,5},
+    {2,3,6,7}, {8,9,12,13}, {10,11,14,15}), and reads B at byte 64 hb + 32 kk of the V^T rows of a
+    128-key stage. With v8t's permuted keys (v_key_at) that is P . V for both 64-key blocks."""
+    rng = np.random.default_rng(1)
+    p = rng.integers(-8, 9, (2, 64, 64)).astype(np.float64)  # two 64-key blocks of 64 rows
+    v = rng.integers(-8, 9, (128, 128)).astype(np.float64)  # [keys of the stage, channels]
+    stored = v[v_key_at(np.arange(128, dtype=np.uint64)).astype(np.int64)]  # v8t's column order (keys)
+    packing = [(0, 1, 4, 5), (2, 3, 6, 7), (8, 9, 12, 13), (10, 11, 14, 15)]
+    for hb in range(2):
+        got = np.zeros((64, 128))
+        for kk in range(2):
+            a = np.full((64, 32), np.nan)
+            for thread in range(128):
+                s = [p[hb][accumulator_at(thread, i)] for i in range(32)]
+                for r in range(4):
+                    for b in range(4):
+                        a[a_register_at(thread, r, b)] = s[16 * kk + packing[r][b]]
+            assert not np.isnan(a).any()
+            b_op = stored[64 * hb + 32 * kk: 64 * hb + 32 * kk + 32]  # [k, channels]
+            got += a @ b_op
+        want = p[hb] @ v[64 * hb: 64 * hb + 64]
+        assert np.array_equal(got, want), hb
+
+
+# --- form selection ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
+                                                 ("sm_120a", 0, 0), ("sm_89", -1, 0)])
+def test_varlen_form_selection(monkeypatch, arch, requested, want):
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
+    monkeypatch.setattr(targets, "board_form", lambda device_id: 0)
+    assert targets.attention_mma_form(0, requested) == want
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
+def test_varlen_form_3_elsewhere_is_a_value_error(monkeypatch, arch):
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
+    with pytest.raises(ValueError, match="fp8_mma_form.*form 3 needs sm_90a"):
+        targets.attention_mma_form(0, 3)
+
+
+# --- results (compute capability 9.0) ------------------------------------------------------------
+
+def run3(q, k, v, cu_dev, cu, **kw):
+    """Form 3 into a NaN-poisoned out."""
+    out = poisoned_like(q)
+    res = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu, fp8_mma_form=3, **kw)
+    assert (res[0] if isinstance(res, tuple) else res) is out
+    return res
+
+
+SETS = [
+    ([0, 1, 127, 128, 129, 1000], 1),
+    ([0, 1, 127, 128, 129, 1000, 4096], 8),
+    ([0, 1, 127, 128, 129, 4096], 56),
+    ([0, 300, 0, 77, 1, 0], 8),  # empty segments at the start, in the middle and at the end
+    ([200], 1),
+    ([16384], 8),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("seqlens,heads", SETS, ids=[f"varlen-{len(s)}seg-{h}h" for s, h in SETS])
+def test_varlen_sm90a_matches_reference_and_exact(seqlens, heads, seed):
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed)
+    got = run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    misses = attention_misses(got, q, k, v, cu)
+    assert not misses, misses
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_varlen_sm90a_64_random_segments(seed):
+    lens = np.random.default_rng(seed).integers(0, 700, 64).tolist()
+    q, k, v, cu_dev, cu = make_attention_inputs(lens, 8, device="cuda", seed=seed)
+    got = run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    assert not attention_misses(got, q, k, v, cu)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("heads", [1, 56])
+def test_varlen_sm90a_large_per_channel_key_offset(heads, seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([0, 1, 127, 128, 129, 2000], heads, device="cuda", seed=seed,
+                                                k_offset=40.0)
+    got = run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    misses = attention_misses(got, q, k, v, cu)
+    assert not misses, misses
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_varlen_sm90a_is_near_form_0_and_repeatable(seed):
+    """Every head of a mixed set against the mma.sync kernel (which the sets above tie to the
+    reference), and two runs bitwise equal."""
+    q, k, v, cu_dev, cu = make_attention_inputs([7000, 3000, 0, 6000, 384], 56, device="cuda", seed=seed)
+    form0 = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, fp8_mma_form=0)
+    a, b = run3(q, k, v, cu_dev, cu), run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    assert torch.isfinite(a.float()).all() and same_bits(a, b)
+    assert rel_l2(a, form0) <= 0.01, rel_l2(a, form0)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("seqlens,heads,k_offset", [([0, 1, 127, 128, 129, 4096], 8, 0.0),
+                                                   ([300, 0, 77, 1, 2000], 56, 40.0)])
+def test_varlen_sm90a_lse(seqlens, heads, k_offset, seed):
+    """lse against form 0's (the same formula on a running max and sum that differ by the
+    accumulation) and the float64 lse of the unquantized scores; out unchanged by return_lse."""
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
+    plain = run3(q, k, v, cu_dev, cu)
+    out, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    _, lse0 = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True,
+                                                        fp8_mma_form=0)
+    torch.cuda.synchronize()
+    assert same_bits(out, plain)
+    assert lse.shape == (heads, q.shape[0]) and lse.dtype == torch.float32
+    assert torch.isfinite(lse).all()
+    lse, lse0 = lse.cpu().double(), lse0.cpu().double()
+    assert (lse - lse0).abs().max() <= 1e-3 * (1 + lse0.abs().max()), (lse - lse0).abs().max()
+    exact = R.lse_exact(q.cpu(), k.cpu(), cu)
+    assert (lse - exact).abs().max() <= 0.05 and (lse - exact).abs().mean() <= 0.01
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_varlen_sm90a_lse_with_out_aliasing_q(seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([700, 0, 129], 8, device="cuda", seed=seed, k_offset=10.0)
+    want = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True,
+                                                     fp8_mma_form=3)
+    q2 = q.clone()
+    got = h3kernels.minimax_h3_varlen_attention_fp8(q2, k, v, cu_dev, q2, cu_seqlens_host=cu, return_lse=True,
+                                                    fp8_mma_form=3)
+    torch.cuda.synchronize()
+    assert got[0] is q2 and same_bits(q2, want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([200, 0, 130], 8, device="cuda", seed=seed)
+    q[3] = 0  # s_q = 0 rows
+    k[200:330, 1] = 2.5  # a constant segment: k' = 0, s_k = 0
+    v[:, 2, 7] = 0  # a zero V channel: s_v = 0
+    got = run3(q, k, v, cu_dev, cu, softmax_scale=0.3)
+    want = R.attention_fp8(q, k, v, cu, softmax_scale=0.3)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got.float()).all()
+    assert rel_l2(got, want) <= 0.02, rel_l2(got, want)
+    assert (got[:, 2, 7] == 0).all()
+
+
+def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch):
+    """Form 3 through the launch layer with a stand-in workspace: the same passes and plan as form
+    0, then one launch whose maps cover the workspace's q8, k8 (heads * 128 bytes per token) and
+    v8t (v_pitch bytes per channel row), and as many values as the kernel has parameters."""
+    import threading
+
+    from h3kernels._launch import varlen_attention_fp8_plan as P
+    from h3kernels._runtime import workspace
+    from h3kernels.constants import HEAD_DIM, K_BLOCK
+
+    cu, heads = (0, 300, 300, 429), 2
+    tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
+    base = 1 << 30
+
+    class Plan:
+        ptrs = (11, 12, 13, 14)
+        rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
+
+    class Ws:
+        lock = threading.Lock()
+
+        def wait(self, capturing):
+            pass
+
+        def plan(self, key, make, capturing):
+            return Plan()
+
+        def reserve(self, nbytes, capturing, plan):
+            return base
+
+        def record(self, capturing):
+            pass
+
+    class Call:
+        device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
+
+    launched = []
+    monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
+    monkeypatch.setattr(L, "quant_launches", lambda *a: [])
+    monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
+    monkeypatch.setattr(hopper, "launch", lambda call, n, maps, values: launched.append((n, maps, values)))
+    q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
+    out, lse = torch.zeros_like(q), torch.zeros(heads, cu[-1])
+    L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3, lse)
+    (n_tiles, maps, values), = launched
+    parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    assert n_tiles == len(tiles) == 10 and len(maps) + len(values) == len(hopper.PARAMS)
+    assert maps == ((base + parts["q8"][0], cu[-1], heads * 128, 128), (base + parts["k8"][0], cu[-1], heads * 128, 128),
+                    (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
+    assert values == (11, n_tiles, 12, base + parts["s_q"][0], base + parts["s_k"][0], base + parts["s_v"][0],
+                      out.data_ptr(), heads, 0.125 * L.LOG2E, lse.data_ptr(), q.data_ptr(), base + parts["mu"][0],
+                      cu[-1], 0.125, 14)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("host,give_out", [(False, True), (True, False), (False, False)])
+def test_varlen_sm90a_without_host_seqlens_or_out(host, give_out, seed):
+    q, k, v, cu_dev, cu = make_attention_inputs([5, 0, 333, 64], 8, device="cuda", seed=seed)
+    out = poisoned_like(q) if give_out else None
+    got = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out, cu_seqlens_host=cu if host else None,
+                                                    fp8_mma_form=3)
+    torch.cuda.synchronize()
+    assert got is out or not give_out
+    misses = attention_misses(got, q, k, v, cu)
+    assert not misses, misses
