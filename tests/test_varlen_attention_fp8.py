@@ -541,25 +541,31 @@ def run_op(q, k, v, cu_dev, cu, *, host=True, give_out=True, **kw):
 
 @pytest.mark.gpu
 def test_every_form_gives_the_same_bits(seed):
-    """fp8_mma_form -1 and every form this board builds (0; and 2 on sm_120a) give the same bits."""
+    """Every mma.sync form this board builds (0; and 2 on sm_120a) gives the same bits, and
+    fp8_mma_form -1 those of the form it picks (3, the wgmma family, on compute capability 9.0)."""
+    from h3kernels._runtime import targets
     from h3kernels.peers import mma_ceiling
 
     q, k, v, cu_dev, cu = make_attention_inputs([300, 0, 129, 64], 4, device="cuda", seed=seed)
-    forms = (-1,) + tuple(f for f in mma_ceiling.supported_forms() if f in (0, 2))
+    chosen = targets.attention_mma_form(torch.cuda.current_device(), -1)
+    forms = (-1, chosen) + tuple(f for f in mma_ceiling.supported_forms() if f in (0, 2) and f != chosen)
     outs = [run_op(q, k, v, cu_dev, cu, fp8_mma_form=form) for form in forms]
     torch.cuda.synchronize()
     assert torch.isfinite(outs[0].float()).all()
-    for form, o in zip(forms[1:], outs[1:]):
-        assert same_bits(o, outs[0]), form
+    assert same_bits(outs[1], outs[0]), chosen
+    sync = [o for f, o in zip(forms, outs) if f in (0, 2)]
+    for o in sync[1:]:
+        assert same_bits(o, sync[0])
 
 
-def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=True):
-    """Random inputs of that seed through the operator, within the settled bounds: rel L2 from the
-    reference at most checks.reference_bound (0.005 for the rows of segments of one key block,
-    0.03 on longer ones), against exact attention at most 1.1x the reference's, every element
-    written."""
-    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
-    got = run_op(q, k, v, cu_dev, cu, host=host, give_out=give_out)
+def check_accuracy(seqlens, heads, k_offset=0.0, seed=0, host=True, give_out=True, form=-1, q_scale=1.0):
+    """Random inputs of that seed through the operator (fp8_mma_form `form`), within the settled
+    bounds: rel L2 from the reference at most checks.reference_bound (0.005 for the rows of
+    segments of one key block, 0.03 on longer ones), against exact attention at most 1.1x the
+    reference's, every element written."""
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset,
+                                                q_scale=q_scale)
+    got = run_op(q, k, v, cu_dev, cu, host=host, give_out=give_out, fp8_mma_form=form)
     torch.cuda.synchronize()
     misses = attention_misses(got, q, k, v, cu)
     assert not misses, misses
@@ -579,6 +585,30 @@ SEGMENT_SETS = [
 @pytest.mark.parametrize("seqlens,heads", SEGMENT_SETS, ids=[f"{len(s)}seg-{h}h" for s, h in SEGMENT_SETS])
 def test_matches_reference_and_exact(seqlens, heads, seed):
     check_accuracy(seqlens, heads, seed=seed)
+
+
+def board_forms():
+    """Every fp8_mma_form this GPU runs (none without one): the accuracy sets run on each family."""
+    if not torch.cuda.is_available():
+        return [-1]
+    from h3kernels._runtime import targets
+    from h3kernels.peers import mma_ceiling
+
+    dev = torch.cuda.current_device()
+    extra = [targets.WGMMA_FORM] if targets.device_arch(dev) == "sm_90" else []
+    return sorted(set(mma_ceiling.supported_forms(dev)) | set(extra))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", board_forms())
+@pytest.mark.parametrize("seqlens,heads,k_offset,q_scale", [([0, 1, 127, 128, 129, 4096], 8, 0.0, 1.0),
+                                                            ([7000, 3000, 6000, 384], 4, 0.0, 1.0),
+                                                            ([0, 1, 127, 128, 129, 2000], 8, 40.0, 1.0),
+                                                            ([0, 1, 127, 128, 129, 2000], 8, 10.0, 3.0)],
+                         ids=["short-and-long", "mixed", "k-offset-40", "k-offset-10-q-times-3"])
+def test_every_family_within_the_bounds(seqlens, heads, k_offset, q_scale, form, seed):
+    """The settled bounds hold for every kernel family of this board, not only the one -1 picks."""
+    check_accuracy(seqlens, heads, k_offset=k_offset, seed=seed, form=form, q_scale=q_scale)
 
 
 @pytest.mark.gpu

@@ -100,7 +100,7 @@ def test_varlen_sm90a_p_registers_times_permuted_v_is_p_times_v():
 
 # --- form selection ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
+@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 3), ("sm_90", 3, 3), ("sm_90", 0, 0),
                                                  ("sm_120a", 0, 0), ("sm_89", -1, 0)])
 def test_varlen_form_selection(monkeypatch, arch, requested, want):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)

@@ -78,8 +78,8 @@ def cmd_info(args):
         return OK
     import torch
 
-    from h3kernels._runtime.targets import mma_form as attention_form
-    from h3kernels._runtime.targets import mma_form as mlp_form
+    from h3kernels._runtime.targets import attention_mma_form as attention_form
+    from h3kernels._runtime.targets import mlp_mma_form as mlp_form
 
     i = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(i)

@@ -54,7 +54,7 @@ def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
     if q.shape[0] == 0 or k.shape[0] == 0:
         return out, lse
     call = arrays.Call(dict(q=q, k=k, v=v))
-    form = targets.mma_form(call.device_id, -1)
+    form = targets.attention_mma_form(call.device_id, -1)
     mu = k_mean.to(torch.float32).contiguous()
     amax = v_amax.to(torch.float32)
     s_v = (amax / torch.full_like(amax, E4M3_MAX)).contiguous()  # RN(amax / 448), as the V pass

@@ -98,10 +98,11 @@ def mlp_arguments(inputs, weights):
     return (*(inputs[n] for n in names), weights["q1"], weights["s1"], weights["q2"], weights["s2"])
 
 
-def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3, k_offset=0.0):
+def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3, k_offset=0.0, q_scale=1.0):
     """Random bf16 q, k, v [tokens, heads, 128] packed from segments of the given lengths, and
     cu_seqlens as an int32 tensor on `device` and as a host list. k_offset > 0 adds a per-(head,
-    channel) offset of that many standard deviations to every key (what K smoothing removes)."""
+    channel) offset of that many standard deviations to every key (what K smoothing removes);
+    q_scale multiplies the queries (sharper softmax rows)."""
     import torch
 
     from h3kernels.constants import HEAD_DIM
@@ -112,5 +113,7 @@ def make_attention_inputs(seqlens, heads=56, device="cuda", seed=3, k_offset=0.0
     q, k, v = (torch.randn(cu_host[-1], heads, HEAD_DIM, generator=g, device=draw) for _ in range(3))
     if k_offset:
         k = k + k_offset * torch.randn(1, heads, HEAD_DIM, generator=g, device=draw)
+    if q_scale != 1.0:
+        q = q * q_scale
     q, k, v = (t.bfloat16().to(device) for t in (q, k, v))
     return q, k, v, torch.tensor(cu_host, dtype=torch.int32, device=device), cu_host
