@@ -84,3 +84,21 @@ def mlp_mma_form(device_id, requested=-1):
                           ValueError)
         return WGMMA_FORM
     return mma_form(device_id, requested)
+
+
+# The families each operator offers on an arch beside the one fp8_mma_form=-1 picks (opt-in
+# forms): what `python -m h3kernels bench` times side by side. A new family of an operator is
+# one entry here.
+OPT_IN_FORMS = {"mlp": {"sm_90": (WGMMA_FORM,)}, "attention": {}}
+
+
+def offered_forms(op, device_id):
+    """The fp8_mma_form values of operator `op` ('mlp' or 'attention') on a device: the one -1
+    picks first, then its opt-in families."""
+    default = board_form(device_id)
+    return (default, *(f for f in OPT_IN_FORMS[op].get(device_arch(device_id), ()) if f != default))
+
+
+def form_family(form):
+    """The instruction family of an fp8_mma_form: 'wgmma' (form 3) or 'mma.sync' (0 and 2)."""
+    return "wgmma" if form == WGMMA_FORM else "mma.sync"
