@@ -145,9 +145,75 @@ def test_demo_on_the_gpu_runs_the_sizes_given(tmp_path):
 
 @pytest.mark.gpu
 def test_bench_writes_a_table_and_json(tmp_path):
-    path = tmp_path / "bench.json"
-    out = cli("bench", "--rows", "256", "--segments", "300,0,129", "1024x2", "--json", path)
+    from h3kernels._runtime.targets import offered_forms
+
+    path, table = tmp_path / "bench.json", tmp_path / "bench.csv"
+    out = cli("bench", "--rows", "256", "--segments", "300,0,129", "1024x2", "--json", path, "--csv", table)
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = json.loads(path.read_text())["rows"]
-    assert [r["case"] for r in rows] == ["M=256", "300+0+129, 56 heads", "2x1024, 56 heads"]
-    assert all(r["ours_ms"] > 0 and r["peer_ms"] > 0 for r in rows)
+    doc = json.loads(path.read_text())
+    mlp, attention = offered_forms("mlp", 0), offered_forms("attention", 0)
+    assert [(r["case"], r["form"]) for r in doc["rows"]] == (
+        [("M=256", f) for f in mlp] + [(c, f) for c in ("300+0+129, 56 heads", "2x1024, 56 heads") for f in attention])
+    assert all(r["ours_ms"] > 0 and r["peer_ms"] > 0 for r in doc["rows"])
+    ceilings = {c["form"]: c["tflops"] for c in doc["ceilings"]}
+    assert sorted(ceilings) == sorted(set(mlp) | set(attention)) and all(ceilings.values())
+    assert all(r["ceiling_tflops"] == ceilings[r["form"]] for r in doc["rows"])  # each row: its own family's
+    assert table.read_text().splitlines()[0].split(",")[:3] == ["op", "case", "form"]
+
+
+@pytest.mark.gpu
+def test_bench_on_compute_capability_9_times_both_families_against_their_ceilings(tmp_path):
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("form 3 (wgmma) needs compute capability 9.0")
+    doc = run_json(tmp_path, "bench", "--rows", "1000", "--segments")
+    assert [r["form"] for r in doc["rows"]] == [0, 3]  # the MLP: its default, then the wgmma family
+    ceilings = {c["family"]: c["tflops"] for c in doc["ceilings"]}
+    # the wgmma ceiling issues several times the (emulated) e4m3 mma.sync rate on Hopper
+    assert ceilings["wgmma"] > 2 * ceilings["mma.sync"] and doc["ceiling_tflops"] == ceilings["wgmma"]
+    assert [r["ceiling_tflops"] for r in doc["rows"]] == [ceilings["mma.sync"], ceilings["wgmma"]]
+
+
+def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, monkeypatch, capsys):
+    """bench.run's bookkeeping with the timings, the ceilings and the device stubbed (runs on CPU)."""
+    from types import SimpleNamespace
+
+    from h3kernels._runtime import targets
+    from h3kernels.cli import bench
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "stub GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(targets, "device_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(targets, "board_form", lambda dev: 0)
+    monkeypatch.setattr(bench, "ceiling_tflops", lambda dev, form, on_error: {0: 400.0, 3: 1600.0}[form])
+
+    def case(op):
+        return lambda size, forms: [dict(op=op, case=str(size), form=f, flops=1e12, ours_ms=10.0 / (1 + f),
+                                         peer="torch", peer_ms=5.0) for f in forms]
+
+    monkeypatch.setattr(bench, "mlp_case", case("mlp"))
+    monkeypatch.setattr(bench, "attention_case", case("attention"))
+    path, table = tmp_path / "b.json", tmp_path / "b.csv"
+    assert bench.run(SimpleNamespace(rows=[64], segments=[[128]], json=str(path), csv=str(table))) == 0
+    doc = json.loads(path.read_text())
+    # the attention's default on sm_90 is its wgmma family, then its mma.sync form
+    assert [(r["op"], r["form"]) for r in doc["rows"]] == [("mlp", 0), ("mlp", 3), ("attention", 3),
+                                                           ("attention", 0)]
+    assert [r["ceiling_tflops"] for r in doc["rows"]] == [400.0, 1600.0, 1600.0, 400.0]
+    assert [round(r["pct_ceiling"], 6) for r in doc["rows"]] == [25.0, 25.0, 25.0, 25.0]
+    assert doc["ceiling_tflops"] == 1600.0
+    assert doc["ceilings"] == [dict(form=0, family="mma.sync", tflops=400.0), dict(form=3, family="wgmma",
+                                                                                 tflops=1600.0)]
+    assert table.read_text().splitlines()[0].startswith("op,case,form,")
+    out = capsys.readouterr().out
+    assert "mma.sync (form 0) 400 TFLOP/s" in out and "wgmma (form 3) 1600 TFLOP/s" in out
+
+
+@pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (0, 3), (3, 0)), ("sm_120a", 2, (2,), (2,)),
+                                                      ("sm_120a", 0, (0,), (0,)), ("sm_89", 0, (0,), (0,))])
+def test_offered_forms_put_the_default_first_and_both_families_on_sm90_only(monkeypatch, arch, board, mlp, attention):
+    from h3kernels._runtime import targets
+
+    monkeypatch.setattr(targets, "device_arch", lambda dev: arch)
+    monkeypatch.setattr(targets, "board_form", lambda dev: board)
+    assert targets.offered_forms("mlp", 0) == mlp and targets.offered_forms("attention", 0) == attention

@@ -37,3 +37,24 @@ def test_ceiling_is_measured():
     from h3kernels.peers import mma_ceiling
 
     assert mma_ceiling.measure_tflops(0, 0, iters=256, reps=3) > 10
+
+
+@pytest.mark.gpu
+def test_wgmma_ceiling_is_measured_on_compute_capability_9():
+    from h3kernels.peers import mma_ceiling, wgmma_ceiling
+
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("wgmma needs compute capability 9.0")
+    # the e4m3 wgmma issues at several times the emulated mma.sync rate on Hopper (docs/hopper.md)
+    assert wgmma_ceiling.measure_wgmma_tflops(0, iters=256, reps=3) > 2 * mma_ceiling.measure_tflops(0, 0, iters=256,
+                                                                                                     reps=3)
+
+
+def test_wgmma_ceiling_is_none_with_the_reason_off_compute_capability_9(monkeypatch):
+    from h3kernels._runtime import targets
+    from h3kernels.peers import wgmma_ceiling
+
+    monkeypatch.setattr(targets, "device_arch", lambda dev: "sm_120a")
+    errors = []
+    assert wgmma_ceiling.ceiling_tflops(0, on_error=errors.append) is None
+    assert len(errors) == 1 and "compute capability 9.0" in str(errors[0])

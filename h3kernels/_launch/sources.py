@@ -1,10 +1,10 @@
 """What each cuda_src/*.cu is built with: its -D constants per (arch, mma form) and the dynamic
 shared memory each of its kernels is launched with. The launch modules own the values; this
 is where python -m h3kernels.compile_check reads them, so it checks exactly what runs."""
-from h3kernels._launch import mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a
+from h3kernels._launch import mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a, wgmma_ceiling
 
 _OPS = {"mlp_fp8": mlp_fp8, "mlp_fp8_sm90a": mlp_fp8_sm90a, "varlen_attention_fp8": varlen_attention_fp8,
-        "varlen_attention_fp8_sm90a": varlen_attention_fp8_sm90a}
+        "varlen_attention_fp8_sm90a": varlen_attention_fp8_sm90a, "wgmma_ceiling": wgmma_ceiling}
 _FORM_ONLY = ("mma_ceiling",)  # the mma peer: only the form
 
 

@@ -100,3 +100,20 @@ def attention_mma_form(device_id, requested=-1):
     if requested == -1 and not isinstance(requested, bool) and device_arch(device_id) == "sm_90":
         return WGMMA_FORM
     return _form_with_wgmma(device_id, requested)
+
+
+# The families each operator offers on an arch beside the one fp8_mma_form=-1 picks: what
+# `python -m h3kernels bench` times side by side. A new family of an operator is one entry here.
+OTHER_FORMS = {"mlp": {"sm_90": (WGMMA_FORM,)}, "attention": {"sm_90": (0,)}}
+
+
+def offered_forms(op, device_id):
+    """The fp8_mma_form values of operator `op` ('mlp' or 'attention') on a device: the one -1
+    picks first, then the other families it offers there."""
+    default = (mlp_mma_form if op == "mlp" else attention_mma_form)(device_id, -1)
+    return (default, *(f for f in OTHER_FORMS[op].get(device_arch(device_id), ()) if f != default))
+
+
+def form_family(form):
+    """The instruction family of an fp8_mma_form: 'wgmma' (form 3) or 'mma.sync' (0 and 2)."""
+    return "wgmma" if form == WGMMA_FORM else "mma.sync"

@@ -1,6 +1,10 @@
 """`python -m h3kernels bench`: both operators timed beside torch's bf16 path and this GPU's e4m3
-mma.sync ceiling for the mma form each operator uses, measured in the same run; a table at the
-end, CSV or JSON on request.
+ceiling of each row's instruction family, measured in the same run; a table at the end, CSV or
+JSON on request. Each operator runs in every fp8_mma_form it offers on this GPU
+(h3kernels._runtime.targets.offered_forms): on compute capability 9.0 the MLP's wgmma family
+(form 3) beside its default mma.sync form 0, and the attention's default wgmma family beside
+its mma.sync form 0; each row has a `form` column and its % of the
+ceiling of its family (the wgmma ceiling for form 3, the mma.sync one of its form otherwise).
 
 Times are CUDA-event medians of back-to-back calls (h3kernels.testing.timing.median_ms_batched) after a
 warm-up. MLP peer: torch eager bf16 (h3kernels.peers.torch_mlp.mlp_bf16). Attention peer: torch's
@@ -43,7 +47,8 @@ def progress(i, n, what, t0):
         sys.stderr.write("\n")
 
 
-def mlp_case(m):
+def mlp_case(m, forms=(-1,)):
+    """One row per fp8_mma_form in `forms`, on the same inputs; torch is timed once for all."""
     import torch
 
     import h3kernels
@@ -55,13 +60,18 @@ def mlp_case(m):
     x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0], seed=m)
     out = torch.empty_like(residual)
-    ours = median_ms_batched(lambda: h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2,
-                                                                   out=out))
     peer = median_ms_batched(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2))
-    return dict(op="mlp", case=f"M={m}", flops=mlp_flops(m), ours_ms=ours, peer="torch eager bf16", peer_ms=peer)
+    rows = []
+    for form in forms:
+        ours = median_ms_batched(lambda: h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2,
+                                                                       s2, out=out, fp8_mma_form=form))
+        rows.append(dict(op="mlp", case=f"M={m}", form=form, flops=mlp_flops(m), ours_ms=ours, peer="torch eager bf16",
+                         peer_ms=peer))
+    return rows
 
 
-def attention_case(seqlens, heads=56):
+def attention_case(seqlens, forms=(-1,), heads=56):
+    """As mlp_case: one row per fp8_mma_form, torch SDPA timed once."""
     import torch
 
     import h3kernels
@@ -72,66 +82,82 @@ def attention_case(seqlens, heads=56):
 
     q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, seed=len(seqlens))
     out = torch.empty_like(q)
-    ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
-                                                                                cu_seqlens_host=cu))
     peer = median_ms_batched(lambda: sdpa_bf16(q, k, v, cu))
-    return dict(op="attention", case=f"{set_name(seqlens)}, {heads} heads", flops=attention_flops(seqlens, heads),
-                ours_ms=ours,
-                peer="torch SDPA bf16", peer_ms=peer)
+    rows = []
+    for form in forms:
+        ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
+                                                                                    cu_seqlens_host=cu,
+                                                                                    fp8_mma_form=form))
+        rows.append(dict(op="attention", case=f"{set_name(seqlens)}, {heads} heads", form=form,
+                         flops=attention_flops(seqlens, heads), ours_ms=ours, peer="torch SDPA bf16", peer_ms=peer))
+    return rows
+
+
+def ceiling_tflops(dev, form, on_error):
+    """The e4m3 ceiling of the instruction family of `form`, measured now: the wgmma one for the
+    wgmma family (form 3), the mma.sync one of that form otherwise; None where it fails."""
+    from h3kernels._runtime.targets import WGMMA_FORM
+
+    if form == WGMMA_FORM:
+        from h3kernels.peers import wgmma_ceiling
+
+        return wgmma_ceiling.ceiling_tflops(dev, on_error=on_error)
+    from h3kernels.peers import mma_ceiling
+
+    return mma_ceiling.ceiling_tflops(dev, form, on_error=on_error)
 
 
 def run(args):
     import torch
 
-    from h3kernels.peers import mma_ceiling
-    from h3kernels._runtime.targets import mma_form as attention_form
-    from h3kernels._runtime.targets import mma_form as mlp_form
+    from h3kernels._runtime.targets import form_family, offered_forms
 
     dev = torch.cuda.current_device()
-    # each row's % of ceiling is against the mma form its own operator runs (one per operator, as each may run its own family)
-    forms = {}
-    if args.rows:
-        forms["mlp"] = mlp_form(dev)  # fp8_mma_form=-1, as mlp_case calls it
-    if args.segments:
-        forms["attention"] = attention_form(dev)
-    jobs = [(f"mlp M={m}", lambda m=m: mlp_case(m)) for m in args.rows]
-    jobs += [(f"attention {set_name(s)}", lambda s=s: attention_case(s)) for s in args.segments]
-    steps = len(jobs) + 1  # the ceiling is step 0
+    # Each operator is timed in every form it offers here (targets.offered_forms: the one -1 picks
+    # first), and each row's % of ceiling is against the ceiling of its own form's family.
+    forms = {"mlp": offered_forms("mlp", dev) if args.rows else (),
+             "attention": offered_forms("attention", dev) if args.segments else ()}
+    jobs = [(f"mlp M={m}", lambda m=m: mlp_case(m, forms["mlp"])) for m in args.rows]
+    jobs += [(f"attention {set_name(s)}", lambda s=s: attention_case(s, forms["attention"])) for s in args.segments]
+    needed = sorted(set(forms["mlp"]) | set(forms["attention"]))
+    steps = len(needed) + len(jobs)
     t0 = time.time()
-    progress(0, steps, "e4m3 mma.sync ceiling", t0)
-    failed = lambda err: sys.stderr.write(f"\ne4m3 mma.sync ceiling: failed {type(err).__name__}: {err}\n")
-    ceilings = {form: mma_ceiling.ceiling_tflops(dev, form, on_error=failed) for form in sorted(set(forms.values()))}
-    rows = []
-    for i, (what, fn) in enumerate(jobs, start=1):
+    ceilings = {}
+    for i, form in enumerate(needed):
+        what = f"e4m3 {form_family(form)} ceiling (form {form})"
         progress(i, steps, what, t0)
-        rows.append(fn())
+        failed = lambda err, what=what: sys.stderr.write(f"\n{what}: failed {type(err).__name__}: {err}\n")
+        ceilings[form] = ceiling_tflops(dev, form, failed)
+    rows = []
+    for i, (what, fn) in enumerate(jobs, start=len(needed)):
+        progress(i, steps, what, t0)
+        rows += fn()
         torch.cuda.empty_cache()
     progress(steps, steps, "done", t0)
     for r in rows:
-        ceiling = ceilings[forms[r["op"]]]
+        ceiling = ceilings[r["form"]]
         r["ours_tflops"] = r["flops"] / r["ours_ms"] / 1e9
         r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
         r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling if ceiling else None
         r["ceiling_tflops"] = ceiling
-    shown = {form: f"{c:.0f} TFLOP/s (measured now)" if c else "n/a (measurement failed)"
-             for form, c in ceilings.items()}
-    if len(shown) == 1:
-        ceiling_text = next(iter(shown.values()))
-    else:
-        ceiling_text = ", ".join(f"{op} (form {form}) {shown[form]}" for op, form in forms.items())
-    print(f"{torch.cuda.get_device_name(dev)}: e4m3 mma.sync ceiling {ceiling_text}")
-    print(f"{'operator':<10} {'case':<28} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} {'peer ms':>9} "
-          f"{'TFLOP/s':>8}")
+    shown = [f"{form_family(form)} (form {form}) " + (f"{c:.0f} TFLOP/s" if c else "n/a (measurement failed)")
+             for form, c in ceilings.items()]
+    print(f"{torch.cuda.get_device_name(dev)}: e4m3 ceiling{'s' if len(shown) > 1 else ''} measured now: "
+          f"{', '.join(shown)}")
+    print(f"{'operator':<10} {'case':<28} {'form':>4} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} "
+          f"{'peer ms':>9} {'TFLOP/s':>8}")
     for r in rows:
         pct = f"{r['pct_ceiling']:6.1f}%" if r["pct_ceiling"] is not None else f"{'n/a':>7}"
-        print(f"{r['op']:<10} {r['case']:<28} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {pct} "
+        print(f"{r['op']:<10} {r['case']:<28} {r['form']:>4} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {pct} "
               f"{r['peer']:<18} {r['peer_ms']:9.3f} {r['peer_tflops']:8.0f}")
     if args.json:
-        # one figure for the GPU: the highest form's; each row carries its own operator's
+        # ceiling_tflops: one figure for the GPU, the highest family's; `ceilings` has each
+        # family's, and each row carries that of its own form
         top = max((c for c in ceilings.values() if c), default=None)
+        families = [dict(form=form, family=form_family(form), tflops=c) for form, c in ceilings.items()]
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
-                           ceiling_tflops=top, rows=rows), f, indent=1)
+                           ceiling_tflops=top, ceilings=families, rows=rows), f, indent=1)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
