@@ -3,10 +3,12 @@ its build report, its correctness against float64 and against form 0 (mma.sync) 
 inputs, and its timings beside form 0 and torch.compile of the FP8 torch path.
 
 python bench/hopper_mlp.py [--check 1 200 3000 16384] [--time 256 4096 16384] [--no-compile] [--json PATH]
+                           [--compile-budget-s 90] [--deadline-s 195]
 
 Every build it launches (the variants below, the DBG_RAW_ACC ones) is compiled first, in parallel
 processes into the disk cache, each also once with -Xptxas=-v for the build report (registers,
-spills, ptxas warnings such as serialized wgmma, per variant).
+spills, ptxas warnings such as serialized wgmma, per variant). The results are saved after every
+phase; at --deadline-s the run stops (exit 124) with what it has.
 
 Checks, per M (every element, outputs poisoned first):
   a_q, a_scale   bitwise equal between the forms (the same row kernel)
@@ -24,6 +26,7 @@ import argparse
 import concurrent.futures
 import datetime
 import multiprocessing
+import threading
 import json
 import os
 import time
@@ -278,9 +281,10 @@ def accumulation_error(m, W, variant=RAW_ACC["accumulation"]):
     return res
 
 
-def timings(m, W, do_compile, budget_s):
+def timings(m, W, do_compile, budget_s, res):
+    """Fills `res` as it goes (a run stopped on its deadline keeps what was timed)."""
     gate, residual_all, w1, w2, q1, s1, q2, s2 = W
-    res = dict(m=m, flops=mlp_flops(m))
+    res.update(m=m, flops=mlp_flops(m))
     sets = []
     for seed in range(2):
         x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=seed)
@@ -358,6 +362,9 @@ def main():
     # of seconds to compile), so that the run stays near 200 s
     ap.add_argument("--compile-budget-s", type=float, default=90)
     ap.add_argument("--json", default=os.path.join(OUT, "hopper_mlp.json"), help="where the results go")
+    ap.add_argument("--deadline-s", type=float, default=195,
+                    help="stop here (exit 124), the results so far saved: a hung build or a slow phase "
+                         "does not cost the whole run")
     a = ap.parse_args()
     build = build_all()  # before the first CUDA call: the build processes are forked
     results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), device=torch.cuda.get_device_name())
@@ -365,7 +372,19 @@ def main():
     results["build"] = build
 
     def save():  # after every phase, so that a run stopped early leaves what it measured
-        json.dump(results, open(a.json, "w"), indent=1)
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+    def deadline():
+        log(f"deadline: stopped at {time.time() - T0:.0f} s; {a.json} has the results so far")
+        try:
+            save()
+        finally:
+            os._exit(124)
+
+    watchdog = threading.Timer(max(1.0, a.deadline_s - (time.time() - T0)), deadline)
+    watchdog.daemon = True
+    watchdog.start()
 
     W = make_mlp_weights(max(a.check + a.time), 50)
     results["checks"] = []
@@ -378,8 +397,8 @@ def main():
             log(f"check M={m} raised: {traceback.format_exc()[-2000:]}")
             results["checks"].append(dict(m=m, error=str(err)[:500]))
         torch.cuda.empty_cache()
+        save()
     log(f"checks done at {time.time() - T0:.0f} s")
-    save()
     for key, variant in RAW_ACC.items():
         try:
             results[key] = accumulation_error(512, W, variant)
@@ -390,7 +409,8 @@ def main():
     results["timings"] = []
     for m in a.time:
         try:
-            results["timings"].append(timings(m, W, not a.no_compile and m >= 16384, a.compile_budget_s))
+            results["timings"].append(dict(m=m))
+            timings(m, W, not a.no_compile and m >= 16384, a.compile_budget_s, results["timings"][-1])
         except Exception:
             import traceback
 
@@ -413,6 +433,9 @@ def main():
             log(f"{key}: max err / sum|aw| {r['max_over_sum_abs']:.3g} mean {r['mean_over_sum_abs']:.3g} "
                 f"max err / max|sum| {r['max_over_max_sum']:.3g} rel L2 {r['rel_l2']:.3g} nonfinite {r['nonfinite']}")
     for t in results["timings"]:
+        if "op_form3_tflops" not in t or "fc2_ms" not in t:
+            log(f"M={t['m']}: incomplete {t}")
+            continue
         log(f"M={t['m']}: op3 {t['op_form3_ms']:.3f} ms ({t['op_form3_tflops']:.0f} TF/s) op0 {t['op_form0_ms']:.3f} "
             f"fc1 {t['fc1_ms']:.3f} ({t['fc1_tflops']:.0f}) yq {t['y_quant_ms']:.3f} fc2 {t['fc2_ms']:.3f} "
             f"({t['fc2_tflops']:.0f}) compile {t.get('torch_compile_fp8_ms')}")
