@@ -2,7 +2,13 @@
 its build report, its correctness against float64 and against form 0 (mma.sync) on seeded
 inputs, and its timings beside form 0 and torch.compile of the FP8 torch path.
 
-python bench/hopper_mlp.py [--check 1 200 3000 16384] [--time 256 4096 16384] [--no-compile]
+python bench/hopper_mlp.py [--check 1 200 3000 16384] [--time 256 4096 16384] [--no-compile] [--json PATH]
+                           [--compile-budget-s 90] [--deadline-s 195]
+
+Every build it launches (the variants below, the DBG_RAW_ACC ones) is compiled first, in parallel
+processes into the disk cache, each also once with -Xptxas=-v for the build report (registers,
+spills, ptxas warnings such as serialized wgmma, per variant). The results are saved after every
+phase; at --deadline-s the run stops (exit 124) with what it has.
 
 Checks, per M (every element, outputs poisoned first):
   a_q, a_scale   bitwise equal between the forms (the same row kernel)
@@ -12,9 +18,15 @@ Checks, per M (every element, outputs poisoned first):
   out            FC2 of both forms on the same y_q: ulps against the reference, error against
                  float64; guarded rows equal residual bitwise; out aliasing residual bitwise equal
   end to end     rel L2 of out - residual against the unquantized FP32 MLP, form 3 over form 0
-Logs go to $OUT/hopper_mlp.log and $OUT/hopper_mlp.json."""
+  variants       every build of VARIANTS but TIMING_ONLY gives the default build's y and out bitwise
+Accumulation error of FC1's FP32 sums against float64 (DBG_RAW_ACC builds): the default promotion
+every 128 of K, every 256 of K (PROMOTE_K 256), the whole K inside the tensor core.
+Logs go to $OUT/hopper_mlp.log and $OUT/hopper_mlp.json (or --json PATH)."""
 import argparse
+import concurrent.futures
 import datetime
+import multiprocessing
+import threading
 import json
 import os
 import time
@@ -25,8 +37,8 @@ import h3kernels
 from h3kernels import reference
 from h3kernels._launch import mlp_fp8 as launch
 from h3kernels._launch import mlp_fp8_sm90a as hopper
-from h3kernels._runtime import arrays, compiler
-from h3kernels.cli.compile_check import parse_ptxas
+from h3kernels._runtime import arrays, compiler, targets
+from h3kernels.cli.compile_check import _nonce, parse_ptxas
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 from h3kernels.testing.checks import bf16_ulps, rel_l2
 from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
@@ -43,9 +55,19 @@ _log = open(os.path.join(OUT, "hopper_mlp.log"), "a")
 T0 = time.time()
 F32, F64 = torch.float32, torch.float64
 # build variants timed (and checked bitwise against the default build, the first)
-VARIANTS = [(), (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("GROUP_M", 4),), (("GROUP_M", 64),),
+# A_REGS 1: A in registers once per slice, a wait for the last quarter at each slice boundary;
+# A_REGS 2: two register sets for alternate slices, no such wait; PROMOTE_K 256: 8 k32 steps per
+# partial (other sums)
+VARIANTS = [(), (("A_REGS", 1),), (("A_REGS", 2),), (("PROMOTE_K", 256),), (("A_REGS", 1), ("PROMOTE_K", 256)),
+            (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("GROUP_M", 4),), (("GROUP_M", 64),),
             (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))]
-TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))}  # other sums: not bitwise
+# other sums than the default's: not compared with it, but with a build of the same sums where one is named
+TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)), (("PROMOTE_K", 256),), (("A_REGS", 1), ("PROMOTE_K", 256))}
+SAME_SUMS = {(("A_REGS", 1), ("PROMOTE_K", 256)): (("PROMOTE_K", 256),)}
+# FC1's raw FP32 sums (accumulation_error), per summation scheme
+RAW_ACC = {"accumulation": (("DBG_RAW_ACC", 1),),
+           "accumulation_promote_k256": (("DBG_RAW_ACC", 1), ("PROMOTE_K", 256)),
+           "accumulation_whole_k_in_tensor_core": (("DBG_NO_PROMOTE", 1), ("DBG_RAW_ACC", 1), ("PROMOTE_N64", 0))}
 
 
 def log(*a):
@@ -55,16 +77,57 @@ def log(*a):
     _log.flush()
 
 
-def build_report():
-    cubin, text, _ = compiler.compile_cubin("mlp_fp8_sm90a", hopper.ARCH, hopper.defines(), ("-Xptxas=-v",),
-                                            use_cache=False)
-    parsed = parse_ptxas(text)
-    warnings = [ln for ln in text.splitlines() if "warn" in ln.lower()]
-    for k, r in sorted(parsed.items()):
-        log(f"build {k}: {r['regs']} regs (entry cap), stack {r['stack']}, spill {r['spill_st'] + r['spill_ld']}")
-    for w in warnings:
-        log("build WARNING", w)
-    return dict(kernels=parsed, warnings=warnings)
+def variant_tag(variant):
+    return "_".join(f"{k}{v}" for k, v in variant) or "default"
+
+
+def _build(variant, report):
+    """Compiles one variant into the disk cache (what hopper.kernels loads); with `report`, also
+    once uncached with -Xptxas=-v (a new program each time: _nonce) and returns its figures.
+    variant None: form 0's GEMMs (cuda_src/mlp_fp8.cu) for compute capability 9.0, as the
+    operator builds them."""
+    t0 = time.time()
+    if variant is None:
+        source, arch = "mlp_fp8", targets.ARCH_BY_CC[(9, 0)]
+        d = launch.defines(arch, 0)
+    else:
+        source, arch, d = "mlp_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant))
+    try:
+        compiler.compile_cubin(source, arch, d)
+        if not report:
+            return dict(seconds=time.time() - t0)
+        _, text, _ = compiler.compile_cubin(source, arch, d, ("-Xptxas=-v",), use_cache=False, appended=_nonce())
+    except compiler.CompileError as err:
+        return dict(error=str(err)[-1500:], seconds=time.time() - t0)
+    # "serialized" (wgmma run one at a time: most of the rate lost) fails compile_check; C7517 (a
+    # wait ptxas adds before registers a wgmma wrote are read) is in the default build too, at the
+    # tile's end, after the loop's own wait for everything
+    notes = [ln.strip() for ln in text.splitlines() if any(w in ln.lower() for w in ("warn", "serializ", "c7517"))]
+    return dict(kernels=parse_ptxas(text), ptxas_notes=notes, serialized=("serialized" in text),
+                seconds=time.time() - t0)
+
+
+def build_all():
+    """Every build of this run, in parallel processes (forked before any CUDA context exists), so
+    that the checks and timings load cubins from the disk cache; the build report per variant."""
+    jobs = [(v, True) for v in VARIANTS] + [(v, False) for v in RAW_ACC.values()] + [(None, False)]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        done = list(pool.map(_build, *zip(*jobs)))
+    report = {}
+    for (variant, with_report), r in zip(jobs, done):
+        tag = "form0_mlp_fp8" if variant is None else variant_tag(variant)
+        report[tag] = r
+        if "error" in r:
+            log(f"build {tag}: COMPILE ERROR {r['error'][-600:]}")
+            continue
+        for k, kr in sorted(r.get("kernels", {}).items()):
+            log(f"build {tag} {k}: {kr['regs']} regs (entry cap), stack {kr['stack']}, "
+                f"spill {kr['spill_st'] + kr['spill_ld']}")
+        for note in r.get("ptxas_notes", []):
+            log(f"build {tag} ptxas: {note}")
+    log(f"builds: {len(jobs)} in {time.time() - T0:.0f} s since start ({workers} processes)")
+    return report
 
 
 def ulp_stats(got, want):
@@ -154,14 +217,27 @@ def check(m, W, call_dev):
     torch.cuda.synchronize()
     res["alias_residual_bitwise"] = same_bits(alias, outs[3])
 
-    # the other builds: bitwise the default's y and out (same sums in the same order)
-    for variant in [v for v in VARIANTS[1:] if v not in TIMING_ONLY]:
+    # the other builds: bitwise the default's y and out (same sums in the same order), or those of
+    # the build named in SAME_SUMS
+    def run_variant(variant):
         yv = torch.full_like(y3, float("nan"))
         ov = torch.full_like(outs[3], float("nan"))
-        hopper.launch_fc1(call, m, p(a_q), p(a_s), p(q1), p(s1), p(yv), variant)
-        hopper.launch_fc2_gemm(call, m, p(yq), p(ys), p(q2), p(s2), gate, p(idx), p(residual), p(ov), variant)
-        torch.cuda.synchronize()
-        res["variant_" + "_".join(f"{k}{v}" for k, v in variant) + "_bitwise"] = same_bits(yv, y3) and same_bits(ov, outs[3])
+        try:
+            hopper.launch_fc1(call, m, p(a_q), p(a_s), p(q1), p(s1), p(yv), variant)
+            hopper.launch_fc2_gemm(call, m, p(yq), p(ys), p(q2), p(s2), gate, p(idx), p(residual), p(ov), variant)
+            torch.cuda.synchronize()
+        except compiler.CompileError as err:  # one variant's build does not stop the others
+            res["variant_" + variant_tag(variant) + "_error"] = str(err)[-300:]
+        return yv, ov
+
+    for variant in [v for v in VARIANTS[1:] if v not in TIMING_ONLY or v in SAME_SUMS]:
+        yv, ov = run_variant(variant)
+        if variant in SAME_SUMS:
+            y_want, o_want = run_variant(SAME_SUMS[variant])
+            key = f"variant_{variant_tag(variant)}_bitwise_{variant_tag(SAME_SUMS[variant])}"
+        else:
+            y_want, o_want, key = y3, outs[3], f"variant_{variant_tag(variant)}_bitwise"
+        res[key] = same_bits(yv, y_want) and same_bits(ov, o_want)
 
     # end to end against the unquantized FP32 MLP
     w1_logical = w1  # make_mlp_weights gives w1 in logical order
@@ -180,7 +256,7 @@ def check(m, W, call_dev):
     return res
 
 
-def accumulation_error(m, W, variant=(("DBG_RAW_ACC", 1),)):
+def accumulation_error(m, W, variant=RAW_ACC["accumulation"]):
     """FC1's FP32 sums themselves (a DBG_RAW_ACC build writes them) against float64: the error
     of the tensor cores' accumulation, in units of sum |a_k w_k| and of the largest |sum|."""
     gate, residual_all, w1, w2, q1, s1, q2, s2 = W
@@ -205,9 +281,10 @@ def accumulation_error(m, W, variant=(("DBG_RAW_ACC", 1),)):
     return res
 
 
-def timings(m, W, do_compile, budget_s):
+def timings(m, W, do_compile, budget_s, res):
+    """Fills `res` as it goes (a run stopped on its deadline keeps what was timed)."""
     gate, residual_all, w1, w2, q1, s1, q2, s2 = W
-    res = dict(m=m, flops=mlp_flops(m))
+    res.update(m=m, flops=mlp_flops(m))
     sets = []
     for seed in range(2):
         x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=seed)
@@ -244,11 +321,15 @@ def timings(m, W, do_compile, budget_s):
             hopper.launch_fc2_gemm(call, m, p(ws["workspace_y_q"]), p(ws["workspace_y_scale"]), p(q2), p(s2), gate,
                                    p(s["args"][4]), p(s["args"][6]), p(s["out"]), variant)
 
-        tag = "" if vi == 0 else "_" + "_".join(f"{k}{v}" for k, v in variant)
-        for name, fn in (("fc1", fc1), ("y_quant", quant), ("fc2", fc2_gemm)):
-            if name == "y_quant" and vi:
-                continue
-            res[f"{name}{tag}_ms"] = median_ms(fn, warmup=3, reps=reps, setup=setup)
+        tag = "" if vi == 0 else "_" + variant_tag(variant)
+        try:
+            for name, fn in (("fc1", fc1), ("y_quant", quant), ("fc2", fc2_gemm)):
+                if name == "y_quant" and vi:
+                    continue
+                res[f"{name}{tag}_ms"] = median_ms(fn, warmup=3, reps=reps, setup=setup)
+        except compiler.CompileError as err:
+            res[f"build{tag}_error"] = str(err)[-300:]
+            continue
         res[f"fc1{tag}_tflops"] = 2 * m * HIDDEN * FC1_OUT / res[f"fc1{tag}_ms"] / 1e9
         res[f"fc2{tag}_tflops"] = 2 * m * FFN * HIDDEN / res[f"fc2{tag}_ms"] / 1e9
     res["op_form3_tflops"] = res["flops"] / res["op_form3_ms"] / 1e9
@@ -277,11 +358,34 @@ def main():
     ap.add_argument("--check", type=int, nargs="*", default=[1, 200, 3000, 16384])
     ap.add_argument("--time", type=int, nargs="*", default=[256, 4096, 16384])
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--compile-budget-s", type=float, default=120)
+    # the torch.compile peer starts only before this many seconds since the start (it takes tens
+    # of seconds to compile), so that the run stays near 200 s
+    ap.add_argument("--compile-budget-s", type=float, default=90)
+    ap.add_argument("--json", default=os.path.join(OUT, "hopper_mlp.json"), help="where the results go")
+    ap.add_argument("--deadline-s", type=float, default=195,
+                    help="stop here (exit 124), the results so far saved: a hung build or a slow phase "
+                         "does not cost the whole run")
     a = ap.parse_args()
+    build = build_all()  # before the first CUDA call: the build processes are forked
     results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), device=torch.cuda.get_device_name())
     log(f"=== hopper_mlp {results['date']} on {results['device']}")
-    results["build"] = build_report()
+    results["build"] = build
+
+    def save():  # after every phase, so that a run stopped early leaves what it measured
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+    def deadline():
+        log(f"deadline: stopped at {time.time() - T0:.0f} s; {a.json} has the results so far")
+        try:
+            save()
+        finally:
+            os._exit(124)
+
+    watchdog = threading.Timer(max(1.0, a.deadline_s - (time.time() - T0)), deadline)
+    watchdog.daemon = True
+    watchdog.start()
+
     W = make_mlp_weights(max(a.check + a.time), 50)
     results["checks"] = []
     for m in a.check:
@@ -293,23 +397,26 @@ def main():
             log(f"check M={m} raised: {traceback.format_exc()[-2000:]}")
             results["checks"].append(dict(m=m, error=str(err)[:500]))
         torch.cuda.empty_cache()
-    try:
-        results["accumulation"] = accumulation_error(512, W)
-        results["accumulation_whole_k_in_tensor_core"] = accumulation_error(
-            512, W, (("DBG_NO_PROMOTE", 1), ("DBG_RAW_ACC", 1), ("PROMOTE_N64", 0)))
-    except Exception:
-        import traceback
+        save()
+    log(f"checks done at {time.time() - T0:.0f} s")
+    for key, variant in RAW_ACC.items():
+        try:
+            results[key] = accumulation_error(512, W, variant)
+        except Exception:
+            import traceback
 
-        log(f"accumulation raised: {traceback.format_exc()[-1500:]}")
+            log(f"accumulation {key} raised: {traceback.format_exc()[-1500:]}")
     results["timings"] = []
     for m in a.time:
         try:
-            results["timings"].append(timings(m, W, not a.no_compile and m >= 16384, a.compile_budget_s))
-        except Exception as err:
+            results["timings"].append(dict(m=m))
+            timings(m, W, not a.no_compile and m >= 16384, a.compile_budget_s, results["timings"][-1])
+        except Exception:
             import traceback
 
             log(f"time M={m} raised: {traceback.format_exc()[-2000:]}")
-    json.dump(results, open(os.path.join(OUT, "hopper_mlp.json"), "w"), indent=1)
+        log(f"timings M={m} done at {time.time() - T0:.0f} s")
+        save()
     log("--- summary")
     for c in results["checks"]:
         if "error" in c:
@@ -320,12 +427,20 @@ def main():
             f"out3 >1ulp {c['out_form3']['frac_gt1']:.2e} e2e ratio {c['e2e_rel_l2']['ratio']:.4f} "
             f"guard={c['guarded_rows_bitwise_residual']} alias={c['alias_residual_bitwise']} "
             + " ".join(f"{k}={v}" for k, v in c.items() if k.startswith("variant_")))
+    for key in RAW_ACC:
+        r = results.get(key)
+        if r:
+            log(f"{key}: max err / sum|aw| {r['max_over_sum_abs']:.3g} mean {r['mean_over_sum_abs']:.3g} "
+                f"max err / max|sum| {r['max_over_max_sum']:.3g} rel L2 {r['rel_l2']:.3g} nonfinite {r['nonfinite']}")
     for t in results["timings"]:
+        if "op_form3_tflops" not in t or "fc2_ms" not in t:
+            log(f"M={t['m']}: incomplete {t}")
+            continue
         log(f"M={t['m']}: op3 {t['op_form3_ms']:.3f} ms ({t['op_form3_tflops']:.0f} TF/s) op0 {t['op_form0_ms']:.3f} "
             f"fc1 {t['fc1_ms']:.3f} ({t['fc1_tflops']:.0f}) yq {t['y_quant_ms']:.3f} fc2 {t['fc2_ms']:.3f} "
             f"({t['fc2_tflops']:.0f}) compile {t.get('torch_compile_fp8_ms')}")
         log("    variants: " + " ".join(f"{k}={v:.3f}" for k, v in t.items() if k.endswith("_ms") and ("CLUSTER" in k or "GROUP" in k
-                                        or "PROMOTE" in k)))
+                                        or "PROMOTE" in k or "A_REGS" in k)))
     log(f"elapsed {time.time() - T0:.0f} s")
 
 

@@ -25,6 +25,19 @@
 // one 64-register partial, each waited for (PROMOTE_N64 0). Both give the same bits; either way
 // 64 registers of partials sit beside the 128 FP32 sums.
 //
+// Variants of the PROMOTE_N64 loop, timed by bench/hopper_mlp.py (the launch layer builds neither):
+//   A_REGS 1, 2  each warp loads its 16 rows of the slice's A into registers once (ldmatrix from the
+//                swizzled tile, in the wgmma register-A fragment) and the four quarters' wgmmas
+//                read only B from shared memory: a quarter's m64n64k32 steps otherwise re-read the
+//                same A block, so shared-memory reads per slice drop from 64 KiB to 40 KiB per
+//                warpgroup. A registers may not change while a wgmma reading them is in flight:
+//                A_REGS 1 (16 registers) waits for the slice's last quarter before loading the
+//                next slice; A_REGS 2 (32 registers) alternates two sets between slices, so the
+//                loop runs as the default's. The same sums, bitwise. A_REGS 1 with PROMOTE_K 256
+//                holds both slices of a partial (32 registers).
+//   PROMOTE_K    K summed in the tensor core per partial: 256 sums two slices (8 k32 steps) per
+//                partial, half the FP32 additions, another error (another summation, other bits).
+//
 // Measurement builds (bench/hopper_mlp.py, bench/hopper_debug.py; never the launch layer's):
 //   DBG_RAW_ACC     FC1 stores its FP32 sums themselves, [M, FC1_OUT] floats at y
 //   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
@@ -36,7 +49,8 @@
 // From h3kernels/_launch/mlp_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
-    !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64)
+    !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64) || \
+    !defined(PROMOTE_K) || !defined(A_REGS)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || BK != 128
@@ -44,6 +58,27 @@
 #endif
 #if HIDDEN % BK != 0 || FFN % BK != 0 || FC1_OUT % BN != 0 || HIDDEN % BN != 0 || FFN % (8 * QUANT_THREADS) != 0
 #error "the sizes must be whole numbers of tiles"
+#endif
+
+// K slices summed into one partial before its FP32 addition (PROMOTE_N64 only; 1 elsewhere)
+#define SLICES_PER_PARTIAL (PROMOTE_K / BK)
+#if PROMOTE_K % BK != 0 || STAGES % SLICES_PER_PARTIAL != 0 || HIDDEN % PROMOTE_K != 0 || FFN % PROMOTE_K != 0
+#error "PROMOTE_K is a multiple of BK that divides STAGES * BK and both K"
+#endif
+#if (PROMOTE_K != BK || A_REGS) && !PROMOTE_N64
+#error "PROMOTE_K other than BK and A_REGS are variants of the PROMOTE_N64 loop"
+#endif
+#if A_REGS == 2 && PROMOTE_K != BK
+#error "A_REGS 2 holds two slices of A in registers: PROMOTE_K must be BK"
+#endif
+#if A_REGS == 2 && (HIDDEN / BK % 2 != 0 || FFN / BK % 2 != 0)
+#error "A_REGS 2 alternates two sets of A registers: an even number of slices"
+#endif
+#define A_SETS (A_REGS == 2 ? 2 : 1)
+#if PROMOTE_N64
+#define KB_STEP SLICES_PER_PARTIAL
+#else
+#define KB_STEP 1
 #endif
 
 #if CLUSTER_M != 1 && CLUSTER_M != 2
@@ -142,6 +177,14 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     regs_alloc<CONSUMER_REGS>();
 #endif
     const int consumer = wg - 1, lane = threadIdx.x & 31;
+    auto release = [&](int s) {  // this warp is done reading stage s (lane 0 calls it)
+#if CLUSTER_M == 2
+      mbar_arrive_cluster(&empty[s], 0);
+      mbar_arrive_cluster(&empty[s], 1);
+#else
+      mbar_arrive(&empty[s]);
+#endif
+    };
     int stage = 0;
     u32 phase = 0;
 #if PROMOTE_N64
@@ -150,6 +193,16 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     float part[2][32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
+#if A_REGS
+    // A_REGS: each warp's 16 rows of A come into registers once per slice (ldmatrix from the
+    // swizzled tile) and feed all four quarters, which then read only B from shared memory.
+    // Lane l gives row (l % 8) + 8 ((l / 8) % 2) of matrix l / 8, 16-byte chunk 2 k + l / 16 of
+    // the swizzled row: as the chunk's low bit is l / 16, its swizzled offset for k32 step k is
+    // that of step 0 XOR 32 k.
+    u32 a_frag[A_SETS][SLICES_PER_PARTIAL][BK / 32][4];
+    const int a_row = 16 * ((threadIdx.x & 127) >> 5) + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const u32 a_lane = a_row * BK + ((((lane >> 4) ^ (lane & 7))) << 4);
+#endif
 #else
     float part[64];
 #pragma unroll
@@ -165,100 +218,141 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
 #pragma unroll 1
-      for (int kb = 0; kb < K / BK; ++kb) {
-        mbar_wait(&full[stage], phase);
-        const u32 a = base + stage * STAGE_BYTES + consumer * 64 * BK;
-        const u32 b = base + stage * STAGE_BYTES + A_BYTES;
+      for (int kb0 = 0; kb0 < K / BK; kb0 += KB_STEP * A_SETS) {
+#pragma unroll
+        for (int u = 0; u < A_SETS; ++u) {  // A_REGS 2: slices alternate between two sets of A registers
+          const int kb = kb0 + u * KB_STEP;
+          (void)kb;  // the PROMOTE_N64 0 loop does not need it
+          mbar_wait(&full[stage], phase);
+          const u32 a = base + stage * STAGE_BYTES + consumer * 64 * BK;
+          const u32 b = base + stage * STAGE_BYTES + A_BYTES;
 #if PROMOTE_N64
+          // a group of SLICES_PER_PARTIAL consecutive stages (same phase: STAGES is a multiple)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          wgmma_fence();
+          for (int p = 1; p < SLICES_PER_PARTIAL; ++p) mbar_wait(&full[stage + p], phase);
+#if A_REGS == 1
+          if (kb > 0) {  // the previous group's last quarter still reads a_frag: wait for it, free its stages
+            wgmma_wait<0>();
 #pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc(a + 32 * k), wgmma_desc(b + q * 64 * BK + 32 * k), k);
-          wgmma_commit();
-          wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
-          const int pq = (q + 3) & 3;  // its quarter
-          if (q > 0 || kb > 0) {
+            for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
 #pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              fence_regs(part[pq & 1][i]);
-              acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
+              for (int k = 0; k < BK / 32; ++k)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) fence_regs(a_frag[0][p][k][j]);
+            if (lane == 0) {
+#pragma unroll
+              for (int p = SLICES_PER_PARTIAL; p > 0; --p) release(stage >= p ? stage - p : stage + STAGES - p);
             }
           }
-          if (q == 0 && kb > 0 && lane == 0) {  // the previous slice's last quarter is done: free its stage
-            const int prev = stage == 0 ? STAGES - 1 : stage - 1;
-#if CLUSTER_M == 2
-            mbar_arrive_cluster(&empty[prev], 0);
-            mbar_arrive_cluster(&empty[prev], 1);
+#endif
+#if A_REGS
+          // this warp's 16 rows of the slice, once, in the register-A fragment of each k32 step
+          // (A_REGS 2: the set last read by the slice before the previous one, whose wgmmas the
+          // previous slice's first wait covered)
+#pragma unroll
+          for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
+#pragma unroll
+            for (int k = 0; k < BK / 32; ++k) ldmatrix_x4(a_frag[u][p][k], (a + p * STAGE_BYTES + a_lane) ^ (32 * k));
+#endif
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            wgmma_fence();
+#pragma unroll
+            for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
+#pragma unroll
+              for (int k = 0; k < BK / 32; ++k) {
+                const u64 desc_b = wgmma_desc(b + p * STAGE_BYTES + q * 64 * BK + 32 * k);
+#if A_REGS
+                wgmma_m64n64k32_e4m3_rs(part[q & 1], a_frag[u][p][k], desc_b, p + k);
 #else
-            mbar_arrive(&empty[prev]);
+                wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc(a + p * STAGE_BYTES + 32 * k), desc_b, p + k);
+#endif
+              }
+            wgmma_commit();
+            wgmma_wait<1>();  // the previous quarter (of this group or the last) is done
+            const int pq = (q + 3) & 3;  // its quarter
+            if (q > 0 || kb > 0) {
+#pragma unroll
+              for (int i = 0; i < 32; ++i) {
+                fence_regs(part[pq & 1][i]);
+                acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
+              }
+            }
+#if A_REGS != 1
+            if (q == 0 && kb > 0 && lane == 0) {  // the previous group's last quarter is done: free its stages
+#pragma unroll
+              for (int p = SLICES_PER_PARTIAL; p > 0; --p) release(stage >= p ? stage - p : stage + STAGES - p);
+            }
 #endif
           }
-        }
-        if (kb == K / BK - 1) {  // the tile's last quarter
-          wgmma_wait<0>();
+          if (kb == K / BK - SLICES_PER_PARTIAL) {  // the tile's last quarter
+            wgmma_wait<0>();
 #pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            fence_regs(part[1][i]);
-            acc[1][32 + i] += part[1][i];
+            for (int i = 0; i < 32; ++i) {
+              fence_regs(part[1][i]);
+              acc[1][32 + i] += part[1][i];
+            }
+            if (lane == 0) {
+#pragma unroll
+              for (int p = 0; p < SLICES_PER_PARTIAL; ++p) release(stage + p);
+            }
           }
-        } else {
-          if (++stage == STAGES) {
+          stage += SLICES_PER_PARTIAL;
+          if (stage == STAGES) {
             stage = 0;
             phase ^= 1;
           }
           continue;
-        }
 #elif defined(DBG_NO_PROMOTE)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          wgmma_fence();
+          for (int h = 0; h < 2; ++h) {
+            wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_m64n128k32_e4m3(acc[h], wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous slice is done: free its stage
-        if (kb > 0 && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
-        if (kb == K / BK - 1) {
-          wgmma_wait<0>();
-        } else {
+            for (int k = 0; k < BK / 32; ++k)
+              wgmma_m64n128k32_e4m3(acc[h], wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), 1);
+          }
+          wgmma_commit();
+          wgmma_wait<1>();  // the previous slice is done: free its stage
+          if (kb > 0 && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
+          if (kb == K / BK - 1) {
+            wgmma_wait<0>();
+          } else {
+            if (++stage == STAGES) {
+              stage = 0;
+              phase ^= 1;
+            }
+            continue;
+          }
+#else
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#ifndef DBG_NO_MMA
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < BK / 32; ++k)
+              wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), k);
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 64; ++i) {
+              fence_regs(part[i]);  // the additions read part only after the wait
+              acc[h][i] += part[i];
+            }
+#endif
+          }
+#endif
+          if (lane == 0) {
+#if CLUSTER_M == 2
+            mbar_arrive_cluster(&empty[stage], 0);
+            mbar_arrive_cluster(&empty[stage], 1);
+#else
+            mbar_arrive(&empty[stage]);
+#endif
+          }
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1;
           }
-          continue;
-        }
-#else
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#ifndef DBG_NO_MMA
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), k);
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 64; ++i) {
-            fence_regs(part[i]);  // the additions read part only after the wait
-            acc[h][i] += part[i];
-          }
-#endif
-        }
-#endif
-        if (lane == 0) {
-#if CLUSTER_M == 2
-          mbar_arrive_cluster(&empty[stage], 0);
-          mbar_arrive_cluster(&empty[stage], 1);
-#else
-          mbar_arrive(&empty[stage]);
-#endif
-        }
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
         }
       }
       epilogue(acc, m0 + 64 * consumer, n0);

@@ -20,6 +20,63 @@ def test_builds_for_sm90a_without_spills_or_serialized_wgmma(capsys):
     assert "sm_90a" in out and "h3_mlp_fc1_wgmma" in out and "h3_mlp_fc2_wgmma" in out and "h3_mlp_y_quant" in out
 
 
+@pytest.mark.parametrize("variant", [(("A_REGS", 1),), (("A_REGS", 2),), (("PROMOTE_K", 256),),
+                                     (("A_REGS", 1), ("PROMOTE_K", 256))])
+def test_variant_builds_without_spills_or_serialized_wgmma(variant):
+    """The define-selected variants that bench/hopper_mlp.py times: each builds for sm_90a with no
+    spill and no wgmma that ptxas serializes (the register-A ones hold 16 or 32 more registers)."""
+    _, log, _ = compiler.compile_cubin("mlp_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
+                                       ("-Xptxas=-v",), use_cache=False, appended=compile_check._nonce())
+    parsed = compile_check.parse_ptxas(log)
+    assert {"h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma"} <= set(parsed)
+    assert all(r["spill_st"] + r["spill_ld"] == 0 for r in parsed.values()), parsed
+    assert "serialized" not in log
+
+
+@pytest.mark.parametrize("variant", [(("A_REGS", 2), ("PROMOTE_K", 256)), (("A_REGS", 1), ("PROMOTE_N64", 0)),
+                                     (("PROMOTE_K", 192),)])
+def test_variant_combinations_without_a_loop_stop(variant):
+    with pytest.raises(compiler.CompileError, match="PROMOTE_K|A_REGS"):
+        compiler.compile_cubin("mlp_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)), use_cache=False)
+
+
+def a_regs_ldmatrix_bytes(thread, k, tile):
+    """What thread `thread` (0..127) of a consumer warpgroup receives from the A_REGS build's four
+    ldmatrix.x4 loads, modelled: tile[r][c] is byte (r, c) of the warpgroup's 64 x 128 A block, stored
+    128B-swizzled; every lane gives the row address of mlp_fp8_sm90a.cu's a_lane XOR 32 k, and lane l
+    receives bytes 4 (l % 4) .. + 3 of row l / 4 of matrix i (the one whose rows lanes 8 i .. 8 i + 7
+    address) in register i. Returns [register][byte]."""
+    smem = bytearray(64 * 128)
+    for r in range(64):
+        for c in range(128):
+            smem[r * 128 + (((c // 16) ^ (r % 8)) * 16) + c % 16] = tile[r][c]
+    warp, lane = thread // 32, thread % 32
+
+    def lane_address(src):  # the kernel's a_row, a_lane and the XOR with 32 k
+        a_row = 16 * warp + (src & 7) + 8 * ((src >> 3) & 1)
+        return (a_row * 128 + (((src >> 4) ^ (src & 7)) << 4)) ^ (32 * k)
+
+    out = []
+    for i in range(4):
+        row_address = lane_address(8 * i + lane // 4)
+        out.append(list(smem[row_address + 4 * (lane % 4):row_address + 4 * (lane % 4) + 4]))
+    return out
+
+
+def test_a_regs_ldmatrix_gives_the_wgmma_register_a_fragment():
+    """The register-A fragment of an 8-bit m64nNk32 wgmma (PTX ISA; CUTLASS's ALayout_64x32):
+    register j of thread t holds A[16 w + l / 4 + 8 (j % 2)][4 (l % 4) + 16 (j / 2) + e], e = 0..3,
+    w = t / 32, l = t % 32. The A_REGS build's loads from the swizzled tile must give exactly that
+    for each k32 step (K offset 32 k)."""
+    tile = [[(7 * r + 13 * c) % 251 for c in range(128)] for r in range(64)]
+    for thread in range(128):
+        w, l = thread // 32, thread % 32
+        for k in range(4):
+            want = [[tile[16 * w + l // 4 + 8 * (j % 2)][32 * k + 4 * (l % 4) + 16 * (j // 2) + e] for e in range(4)]
+                    for j in range(4)]
+            assert a_regs_ldmatrix_bytes(thread, k, tile) == want, (thread, k)
+
+
 def test_build_without_its_constants_stops():
     with pytest.raises(compiler.CompileError, match="-D constants"):
         compiler.compile_cubin("mlp_fp8_sm90a", "sm_90a", {}, use_cache=False)

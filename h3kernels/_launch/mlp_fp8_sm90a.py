@@ -24,6 +24,10 @@ GROUP_M = 16  # tile groups per band of the persistent walk, so the tiles in fli
 CLUSTER_M = 1  # CTAs per cluster; 2: pairs on vertically adjacent tiles, each loading half of B for both
 # (multicast): correct, but 30% slower on the H200 (docs/hopper.md)
 PROMOTE_N64 = 1  # 1: four 64-column partials in turn per slice, 0: two 128-column partials, one at a time
+PROMOTE_K = BK  # K summed inside the tensor core per partial before its FP32 addition; 256 (two slices)
+# is measured in bench/hopper_mlp.py (fewer additions, more error: other bits)
+A_REGS = 0  # 1: A loaded once per slice into registers (ldmatrix) for the four quarters' wgmmas, which
+# then read only B from shared memory; the same bits
 PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
 CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
 # (24 x 128 + 240 x 256 = 64512 of the SM's 65536; 232 spilled a few bytes with PROMOTE_N64)
@@ -42,7 +46,7 @@ def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/mlp_fp8_sm90a.cu (one build: sm_90a, form 3); `variant`
     overrides some (bench/hopper_mlp.py compares builds)."""
     d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
-             PRODUCER_REGS=PRODUCER_REGS,
+             PROMOTE_K=PROMOTE_K, A_REGS=A_REGS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d
