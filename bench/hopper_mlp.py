@@ -387,6 +387,12 @@ def main():
     watchdog.start()
 
     W = make_mlp_weights(max(a.check + a.time), 50)
+    try:  # a CLUSTER_M 2 grid: the CTA pairs that can be resident at once (all SMs / 2 if none is lost)
+        results["cluster_m2_resident_ctas"] = hopper.kernels(torch.cuda.current_device(), (("CLUSTER_M", 2),))[3]
+        log(f"CLUSTER_M 2: {results['cluster_m2_resident_ctas']} CTAs resident at once, "
+            f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
+    except Exception as err:
+        log(f"CLUSTER_M 2 occupancy: {type(err).__name__}: {err}")
     results["checks"] = []
     for m in a.check:
         try:

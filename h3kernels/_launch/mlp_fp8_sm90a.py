@@ -52,7 +52,7 @@ def defines(arch=ARCH, form=FORM, **variant):
     return d
 
 
-_kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, SMs, CLUSTER_M)
+_kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, resident CTAs, CLUSTER_M)
 
 
 def kernels(device_id, variant=()):
@@ -69,8 +69,32 @@ def kernels(device_id, variant=()):
         fc1 = load("h3_mlp_fc1_wgmma", FC1_PARAMS, SMEM_BYTES)
         fc2 = load("h3_mlp_fc2_wgmma", FC2_PARAMS, SMEM_BYTES)
         quant = load("h3_mlp_y_quant", QUANT_PARAMS)
-        g = _kernels[(device_id, variant)] = (fc1, fc2, quant, sm_count(device_id), d["CLUSTER_M"])
+        cluster = d["CLUSTER_M"]
+        slots = sm_count(device_id)
+        if cluster > 1:  # pairs must sit on two SMs of one GPC: fewer may be resident than SMs / 2
+            slots = min(slots, cluster * resident_clusters(fc1, cluster, slots))
+        g = _kernels[(device_id, variant)] = (fc1, fc2, quant, slots, cluster)
     return g
+
+
+def resident_clusters(kernel, cluster, sms):
+    """How many clusters of `cluster` CTAs of `kernel` (one per SM) can be resident at once
+    (cuOccupancyMaxActiveClusters); sms // cluster if the driver cannot say. A persistent grid
+    larger than that would run its last clusters in a second wave."""
+    try:
+        from cuda.bindings import driver as cu
+
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cluster * (sms // cluster), 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = GEMM_THREADS, 1, 1
+        cfg.sharedMemBytes = kernel.smem
+        cfg.numAttrs = 0  # the kernel's compile-time cluster dimensions apply
+        err, n = cu.cuOccupancyMaxActiveClusters(cu.CUfunction(kernel.ptr), cfg)
+        if err != cu.CUresult.CUDA_SUCCESS or n <= 0:
+            return sms // cluster
+        return min(int(n), sms // cluster)
+    except Exception:  # an older cuda-bindings: the SM count is the upper bound
+        return sms // cluster
 
 
 def grid(m, n_tiles, sms, cluster):
