@@ -60,9 +60,12 @@ F32, F64 = torch.float32, torch.float64
 # partial (other sums)
 VARIANTS = [(), (("A_REGS", 1),), (("A_REGS", 2),), (("PROMOTE_K", 256),), (("A_REGS", 1), ("PROMOTE_K", 256)),
             (("PROMOTE_N64", 0),), (("CLUSTER_M", 2),), (("GROUP_M", 4),), (("GROUP_M", 64),),
-            (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0))]
+            (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)), (("DBG_NO_TMA", 1),), (("DBG_NO_MMA", 1), ("PROMOTE_N64", 0))]
+# DBG_NO_TMA (no loads: the wgmmas on whatever shared memory holds) and DBG_NO_MMA (no wgmmas: the
+# loads and barriers alone) split the GEMMs' time between the feed and the tensor cores
 # other sums than the default's: not compared with it, but with a build of the same sums where one is named
-TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)), (("PROMOTE_K", 256),), (("A_REGS", 1), ("PROMOTE_K", 256))}
+TIMING_ONLY = {(("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)), (("PROMOTE_K", 256),), (("A_REGS", 1), ("PROMOTE_K", 256)),
+               (("DBG_NO_TMA", 1),), (("DBG_NO_MMA", 1), ("PROMOTE_N64", 0))}
 SAME_SUMS = {(("A_REGS", 1), ("PROMOTE_K", 256)): (("PROMOTE_K", 256),)}
 # FC1's raw FP32 sums (accumulation_error), per summation scheme
 RAW_ACC = {"accumulation": (("DBG_RAW_ACC", 1),),
