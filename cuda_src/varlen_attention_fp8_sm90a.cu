@@ -40,7 +40,8 @@
 
 // From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
-    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128)
+    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
+    !defined(MAX_TREE)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -162,6 +163,24 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
   }
   dbg(s, 1);
   float mx0 = m0, mx1 = m1;
+#if MAX_TREE
+  // The same maxima (fmaxf is exact, so any order gives them) in 4 dependent steps, not 16
+  float r0[8], r1[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    r0[q] = fmaxf(s[4 * q], s[4 * q + 1]);
+    r1[q] = fmaxf(s[4 * q + 2], s[4 * q + 3]);
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+    for (int q = 0; q < w; ++q) {
+      r0[q] = fmaxf(r0[q], r0[q + w]);
+      r1[q] = fmaxf(r1[q], r1[q + w]);
+    }
+  mx0 = fmaxf(mx0, r0[0]);
+  mx1 = fmaxf(mx1, r1[0]);
+#else
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     if (i & 2)
@@ -169,6 +188,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     else
       mx0 = fmaxf(mx0, s[i]);
   }
+#endif
 #pragma unroll
   for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));

@@ -32,10 +32,13 @@ S128 = 0  # 1 or 2: S of a whole 128-key stage in one wgmma group, its two 64-ke
 # order (the same arithmetic, bitwise the same result), the stage's wgmmas software-pipelined
 # (1: the high half's P V, then the next S; 2: the next S, then the high half's P V, which runs
 # under the next low half's softmax); 0: one 64-key block at a time (OVERLAP's schedules)
+MAX_TREE = 0  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
+# either way, so the same maximum and the same result
 # Other builds of the same arithmetic (bitwise the default's result), measured beside it by
 # bench/hopper_attention.py; tests/test_varlen_attention_fp8_sm90a.py builds each (no spills, no
 # wgmma register still in flight when touched)
-VARIANTS = ((("S128", 1),), (("S128", 2),), (("S128", 1), ("STAGES", 3)), (("S128", 2), ("STAGES", 2)),
+VARIANTS = ((("S128", 1),), (("S128", 2),), (("S128", 1), ("MAX_TREE", 1)), (("S128", 2), ("MAX_TREE", 1)),
+            (("MAX_TREE", 1),), (("S128", 1), ("STAGES", 3)), (("S128", 2), ("STAGES", 2)),
             (("S128", 2), ("STAGES", 3)), (("OVERLAP", 1),), (("OVERLAP", 1), ("PINGPONG", 1)),
             (("OVERLAP", 0), ("PINGPONG", 0)), (("STAGES", 2),), (("STAGES", 3),), (("OVERLAP", 1), ("STAGES", 3)))
 THREADS = 384
@@ -50,7 +53,8 @@ PARAMS = ("map",) * 3 + ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "i32",
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
-             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128)
+             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
+             MAX_TREE=MAX_TREE)
     d.update(variant)
     return d
 
