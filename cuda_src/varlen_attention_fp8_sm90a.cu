@@ -65,22 +65,29 @@
 // S128 1 or 2: S of a whole 128-key stage in one wgmma group (m64n128k32, 4 k32 steps), its
 // two 64-key halves then taken in order with the arithmetic above, and the stage's wgmmas
 // software-pipelined (two orders: see the S128 loops). 0: one 64-key block at a time.
-#if PINGPONG && !OVERLAP
-#error "PINGPONG orders the issue of OVERLAP's schedule"
+#if PINGPONG && !OVERLAP && !S128
+#error "PINGPONG orders the issue of OVERLAP's or S128's schedule"
 #endif
-// (S128 with PINGPONG's turns around its issues spilled 16 bytes at 240 registers: not kept)
-#if S128 && (OVERLAP || PINGPONG || DBG_STORE)
-#error "S128 has its own schedule (no OVERLAP, no PINGPONG) and no DBG_STORE"
+#if S128 && (OVERLAP || DBG_STORE)
+#error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
 #endif
 
 // Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
 // with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
-// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier).
+// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier). The
+// barrier numbers are immediates: with a register operand ptxas spilled 16-32 bytes in the
+// S128 builds.
 __device__ __forceinline__ void turn_wait(int consumer) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+  if (consumer == 0)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
 }
 __device__ __forceinline__ void turn_pass(int consumer) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+  if (consumer == 0)
+    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 }
 
 // S of one 64-key block (4 k32 steps over the head dimension) into s, issued, not waited for.
@@ -414,17 +421,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
           mbar_wait(&full[stage], phase);
         }
+#if PINGPONG
+        turn_wait(consumer);
+#endif
         wgmma_fence();
         if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
         wgmma_commit();
         if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
         wgmma_commit();
+#if PINGPONG
+        turn_pass(consumer);
+#endif
         wgmma_wait<1>();  // the next S is done; the high half's P V may still run
       }
       wgmma_wait<0>();
       keep_p(pb);
       if (prev_hi) add_block(o, part, b0, b1);
-      if (lane == 0) mbar_arrive(&empty[prev_stage]);
+      if (n_stages > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
 #elif S128
       // Stage st (keys 128 st ..): its S in one group; the softmax of the low half (block 2 st);
       // its P V issued, and the high half's softmax (block 2 st + 1) run while it is in the
@@ -478,11 +491,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(&full[stage], phase);
         }
         // Two groups, empty where there is nothing to issue, so that every path waits alike
+#if PINGPONG
+        turn_wait(consumer);
+#endif
         wgmma_fence();
         if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
         wgmma_commit();
         if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
         wgmma_commit();
+#if PINGPONG
+        turn_pass(consumer);
+#endif
         wgmma_wait<1>();  // the high half's P V is done; the next S may still run
         keep_p(pb);
         if (has_hi) add_block(o, part, b0, b1);
