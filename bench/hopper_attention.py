@@ -202,6 +202,8 @@ def stage_variants():
         res[name] = dict(bitwise=bool(torch.equal(got.view(torch.int16), want.view(torch.int16))
                                       and torch.equal(lse, want_lse)), rel_l2=rel_l2(got, want),
                          nonfinite=nonfinite(got), lse_nonfinite=int((~torch.isfinite(lse)).sum()))
+        if not res[name]["bitwise"]:  # other bits: still within the attention's bounds?
+            res[name]["misses"] = attention_misses(got, q, k, v, cu)
         log("variant", name, json.dumps(res[name]))
     return res
 
