@@ -31,6 +31,13 @@
 // 64-register partial (2 k32 steps), added to the FP32 O in registers with the rescale
 // (O = O * alpha + partial), so no more than 64 keys meet inside the tensor core.
 //
+// Schedules (launch constants): by default each 64-key block's S, softmax and P V in turn;
+// OVERLAP 1 runs block j's softmax under block j - 1's P V; S128 1 / 2 compute a whole stage's
+// S in one m64n128 group and pipeline the stage's wgmmas; PINGPONG (with OVERLAP or S128) makes
+// the two consumer warpgroups take turns issuing. All keep the default's arithmetic and order.
+// A wgmma reads its register A fragment (P) until a wait covers it: keep_p holds P's registers
+// live until then (h3kernels/testing/ptx_checks.py checks every build's PTX for this).
+//
 // Rows past the segment's end: their Q rows (the next segment's, or TMA zeros past the last
 // token) give finite S, are scaled by 0 and never written. K rows past the end are masked; V^T
 // columns past the end are the V pass's zero padding (each segment padded to 128 keys), so P V
