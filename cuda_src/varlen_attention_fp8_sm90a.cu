@@ -31,6 +31,13 @@
 // 64-register partial (2 k32 steps), added to the FP32 O in registers with the rescale
 // (O = O * alpha + partial), so no more than 64 keys meet inside the tensor core.
 //
+// Schedules (launch constants): by default each 64-key block's S, softmax and P V in turn;
+// OVERLAP 1 runs block j's softmax under block j - 1's P V; S128 1 / 2 compute a whole stage's
+// S in one m64n128 group and pipeline the stage's wgmmas; PINGPONG (with OVERLAP or S128) makes
+// the two consumer warpgroups take turns issuing. All keep the default's arithmetic and order.
+// A wgmma reads its register A fragment (P) until a wait covers it: keep_p holds P's registers
+// live until then (h3kernels/testing/ptx_checks.py checks every build's PTX for this).
+//
 // Rows past the segment's end: their Q rows (the next segment's, or TMA zeros past the last
 // token) give finite S, are scaled by 0 and never written. K rows past the end are masked; V^T
 // columns past the end are the V pass's zero padding (each segment padded to 128 keys), so P V
@@ -40,7 +47,8 @@
 
 // From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
-    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG)
+    !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
+    !defined(MAX_TREE)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -61,18 +69,32 @@
 #ifndef DBG_STORE
 #define DBG_STORE 0
 #endif
-#if PINGPONG && !OVERLAP
-#error "PINGPONG orders the issue of OVERLAP's schedule"
+// S128 1 or 2: S of a whole 128-key stage in one wgmma group (m64n128k32, 4 k32 steps), its
+// two 64-key halves then taken in order with the arithmetic above, and the stage's wgmmas
+// software-pipelined (two orders: see the S128 loops). 0: one 64-key block at a time.
+#if PINGPONG && !OVERLAP && !S128
+#error "PINGPONG orders the issue of OVERLAP's or S128's schedule"
+#endif
+#if S128 && (OVERLAP || DBG_STORE)
+#error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
 #endif
 
 // Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
 // with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
-// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier).
+// arrivals), issues its wgmmas, and passes the turn (bar.arrive on the other's barrier). The
+// barrier numbers are immediates: with a register operand ptxas spilled 16-32 bytes in the
+// S128 builds.
 __device__ __forceinline__ void turn_wait(int consumer) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+  if (consumer == 0)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
 }
 __device__ __forceinline__ void turn_pass(int consumer) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+  if (consumer == 0)
+    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 }
 
 // S of one 64-key block (4 k32 steps over the head dimension) into s, issued, not waited for.
@@ -86,6 +108,45 @@ __device__ __forceinline__ void issue_s(float (&s)[32], u32 q_rows, u32 k_rows) 
 __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys) {
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk) wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc(v_keys + 32 * kk), kk);
+}
+
+// S of one 128-key stage (4 k32 steps of m64n128k32) into s_lo (keys 0-63: fragment registers
+// 0-31) and s_hi (keys 64-127: registers 32-63), each laid out as issue_s's s; not waited for.
+__device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 k_rows) {
+#pragma unroll
+  for (int k = 0; k < HD / 32; ++k) {
+    const u64 da = wgmma_desc(q_rows + 32 * k), db = wgmma_desc(k_rows + 32 * k);
+    float(&a)[32] = s_lo;
+    float(&b)[32] = s_hi;
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+f"(a[0]), "+f"(a[1]), "+f"(a[2]), "+f"(a[3]), "+f"(a[4]), "+f"(a[5]), "+f"(a[6]), "+f"(a[7]),
+          "+f"(a[8]), "+f"(a[9]), "+f"(a[10]), "+f"(a[11]), "+f"(a[12]), "+f"(a[13]), "+f"(a[14]), "+f"(a[15]),
+          "+f"(a[16]), "+f"(a[17]), "+f"(a[18]), "+f"(a[19]), "+f"(a[20]), "+f"(a[21]), "+f"(a[22]), "+f"(a[23]),
+          "+f"(a[24]), "+f"(a[25]), "+f"(a[26]), "+f"(a[27]), "+f"(a[28]), "+f"(a[29]), "+f"(a[30]), "+f"(a[31]),
+          "+f"(b[0]), "+f"(b[1]), "+f"(b[2]), "+f"(b[3]), "+f"(b[4]), "+f"(b[5]), "+f"(b[6]), "+f"(b[7]),
+          "+f"(b[8]), "+f"(b[9]), "+f"(b[10]), "+f"(b[11]), "+f"(b[12]), "+f"(b[13]), "+f"(b[14]), "+f"(b[15]),
+          "+f"(b[16]), "+f"(b[17]), "+f"(b[18]), "+f"(b[19]), "+f"(b[20]), "+f"(b[21]), "+f"(b[22]), "+f"(b[23]),
+          "+f"(b[24]), "+f"(b[25]), "+f"(b[26]), "+f"(b[27]), "+f"(b[28]), "+f"(b[29]), "+f"(b[30]), "+f"(b[31])
+        : "l"(da), "l"(db), "r"(k));
+  }
+}
+
+// Keeps P's registers alive up to here: called after the wait that covers the P V wgmmas which
+// read them. Without it the compiler counts P dead once the wgmma is issued and may give its
+// registers to other values (the next block's P, softmax temporaries) while the tensor core
+// still reads them: PTX makes that undefined, and it gave NaN (e4m3 bytes 0x7f / 0xff).
+__device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(pa[kk][r])::"memory");
 }
 
 // O = O * alpha + part, once part's wgmmas are waited for.
@@ -116,6 +177,24 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
   }
   dbg(s, 1);
   float mx0 = m0, mx1 = m1;
+#if MAX_TREE
+  // The same maxima (fmaxf is exact, so any order gives them) in 4 dependent steps, not 16
+  float r0[8], r1[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    r0[q] = fmaxf(s[4 * q], s[4 * q + 1]);
+    r1[q] = fmaxf(s[4 * q + 2], s[4 * q + 3]);
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w >>= 1)
+#pragma unroll
+    for (int q = 0; q < w; ++q) {
+      r0[q] = fmaxf(r0[q], r0[q + w]);
+      r1[q] = fmaxf(r1[q], r1[q + w]);
+    }
+  mx0 = fmaxf(mx0, r0[0]);
+  mx1 = fmaxf(mx1, r1[0]);
+#else
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     if (i & 2)
@@ -123,6 +202,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     else
       mx0 = fmaxf(mx0, s[i]);
   }
+#endif
 #pragma unroll
   for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
@@ -226,7 +306,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const int* w = tiles + (i64)tile * TILE_INTS;
       const int len = w[1], q0 = w[2], h = w[3], seg = w[4];
       const int end = q_bounds[seg + 1], kb0 = block_offset[seg];
-      const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS, n_blocks = (len + BKV - 1) / BKV;
+      const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS;
+      [[maybe_unused]] const int n_blocks = (len + BKV - 1) / BKV;
       const int row0 = q0 + 64 * consumer + 16 * warp + g, row1 = row0 + 8;  // this lane's two query rows
       // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written
       const float c0 = row0 < end ? s_q[(i64)row0 * heads + h] * scale_log2 : 0.f;
@@ -247,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       q_phase ^= 1;
       // block j: keys 64 j .. of the segment, in stage j / 2 of the tile (K rows 64 (j % 2) ..,
       // V^T key columns 64 (j % 2) ..); a stage is freed after the P V of its last block
-#if !OVERLAP
+#if !OVERLAP && !S128
 #if DBG_STORE
       auto dbg = [&](const float (&v)[32], int which, int j) {
         if (which != DBG_STORE || j >= STAGE_KEYS / BKV) return;
@@ -291,6 +372,149 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
         }
       }
+#elif S128 == 2
+      // As S128 1, with the next stage's S issued before the high half's P V, so that the wait
+      // after them takes S only: the high half's P V then runs under the next stage's low-half
+      // softmax, and O takes its partial after that softmax (O still takes the partials in
+      // block order: the low half's of stage st after the high half's of stage st - 1).
+      float s_hi[32];
+      u32 pb[BKV / 32][4];
+      float b0 = 0.f, b1 = 0.f;  // the high half's rescale
+      bool prev_hi = false;      // a high half's P V is pending (issued in the previous stage)
+      int prev_stage = 0;        // that stage, freed once its P V is done
+#pragma unroll 1
+      for (int st = 0; st < n_stages; ++st) {
+        const u32 stage_base = ring + stage * STAGE_BYTES;
+        if (st == 0) {  // the tile's first S; the later ones are issued a stage ahead
+          sk = sk_next;
+          if (n_stages > 1) sk_next = sk_col[heads];
+          mbar_wait(&full[stage], phase);
+          wgmma_fence();
+          issue_s128(s, s_hi, a_q, stage_base);
+          wgmma_commit();
+          wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          fence_regs(s[i]);
+          fence_regs(s_hi[i]);
+        }
+        if (st == n_stages - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last S is done
+        const int valid = len - st * STAGE_KEYS;
+        const bool has_hi = valid > BKV;
+        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
+        wgmma_wait<0>();  // the previous stage's high-half P V
+        keep_p(pb);
+        if (prev_hi) add_block(o, part, b0, b1);
+        if (st > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+        wgmma_fence();
+        issue_pv(part, pa, stage_base + K_BYTES);
+        wgmma_commit();
+        if (has_hi)
+          softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
+                        [](const float (&)[32], int) {});
+        wgmma_wait<0>();
+        keep_p(pa);
+        add_block(o, part, a0, a1);
+        prev_stage = stage;
+        prev_hi = has_hi;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+        const bool more = st + 1 < n_stages;
+        if (more) {
+          sk = sk_next;
+          if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
+          mbar_wait(&full[stage], phase);
+        }
+#if PINGPONG
+        turn_wait(consumer);
+#endif
+        wgmma_fence();
+        if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
+        wgmma_commit();
+        if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
+        wgmma_commit();
+#if PINGPONG
+        turn_pass(consumer);
+#endif
+        wgmma_wait<1>();  // the next S is done; the high half's P V may still run
+      }
+      wgmma_wait<0>();
+      keep_p(pb);
+      if (prev_hi) add_block(o, part, b0, b1);
+      if (n_stages > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+#elif S128
+      // Stage st (keys 128 st ..): its S in one group; the softmax of the low half (block 2 st);
+      // its P V issued, and the high half's softmax (block 2 st + 1) run while it is in the
+      // tensor core; O takes the low partial; the high half's P V issued with the next stage's S
+      // behind it, and O takes the high partial while that S runs. Blocks in the model's order,
+      // each with the arithmetic of softmax_block and add_block: bitwise OVERLAP 0's result. A
+      // stage whose high half lies past the segment's end (a last stage of 64 keys or fewer)
+      // skips that half, as the block loop has no such block.
+      float s_hi[32];
+      u32 pb[BKV / 32][4];
+      float b0, b1;  // the high half's rescale
+#pragma unroll 1
+      for (int st = 0; st < n_stages; ++st) {
+        const u32 stage_base = ring + stage * STAGE_BYTES;
+        if (st == 0) {  // the tile's first S; the later ones are issued a stage ahead
+          sk = sk_next;
+          if (n_stages > 1) sk_next = sk_col[heads];
+          mbar_wait(&full[stage], phase);
+          wgmma_fence();
+          issue_s128(s, s_hi, a_q, stage_base);
+          wgmma_commit();
+          wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          fence_regs(s[i]);
+          fence_regs(s_hi[i]);
+        }
+        if (st == n_stages - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last S is done
+        const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
+        const bool has_hi = valid > BKV;          // CTA-uniform
+        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
+        wgmma_fence();
+        issue_pv(part, pa, stage_base + K_BYTES);
+        wgmma_commit();
+        if (has_hi)
+          softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
+                        [](const float (&)[32], int) {});
+        wgmma_wait<0>();
+        keep_p(pa);
+        add_block(o, part, a0, a1);
+        const int cur = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+        const bool more = st + 1 < n_stages;
+        if (more) {  // before the issue turn: a wait on the TMA must not hold the other warpgroup
+          sk = sk_next;
+          if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
+          mbar_wait(&full[stage], phase);
+        }
+        // Two groups, empty where there is nothing to issue, so that every path waits alike
+#if PINGPONG
+        turn_wait(consumer);
+#endif
+        wgmma_fence();
+        if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
+        wgmma_commit();
+        if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
+        wgmma_commit();
+#if PINGPONG
+        turn_pass(consumer);
+#endif
+        wgmma_wait<1>();  // the high half's P V is done; the next S may still run
+        keep_p(pb);
+        if (has_hi) add_block(o, part, b0, b1);
+        if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads (P V) are done
+        wgmma_wait<0>();
+      }
 #else
       // S of block j is issued with the P V of block j - 1 behind it, and the softmax of block
       // j runs while that P V is in the tensor core. The same arithmetic in the same order as
@@ -309,17 +533,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
-        if (j > 0) {
-          issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j - 1) & 1) * BKV);
-          wgmma_commit();
-        }
+        if (j > 0) issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j - 1) & 1) * BKV);
+        wgmma_commit();  // (an empty group for j = 0: the waits below are the same on every path)
 #if PINGPONG
         turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
 #endif
-        if (j > 0)
-          wgmma_wait<1>();  // S of block j is done; block j - 1's P V may still run
-        else
-          wgmma_wait<0>();
+        wgmma_wait<1>();  // S of block j is done; block j - 1's P V may still run
 #pragma unroll
         for (int i = 0; i < 32; ++i) fence_regs(s[i]);
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
@@ -327,8 +546,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         float a0n, a1n;
         softmax_block(s, pn, m0, m1, l0, l1, a0n, a1n, c0 * sk, c1 * sk, len - j * BKV, t,
                       [](const float (&)[32], int) {});
+        wgmma_wait<0>();
+        keep_p(pa);  // block j - 1's P V read pa until here: pn must not take its registers
         if (j > 0) {
-          wgmma_wait<0>();
           add_block(o, part, a0, a1);
           if (((j - 1) & 1) && lane == 0) mbar_arrive(&empty[pv_stage]);  // block j - 1 ended its stage
         }

@@ -20,6 +20,7 @@ from h3kernels.cli import compile_check
 from h3kernels.testing.checks import attention_misses, rel_l2, same_bits
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.poison import poisoned_like
+from h3kernels.testing.ptx_checks import wgmma_register_hazards
 
 
 def _on_sm90():
@@ -36,6 +37,43 @@ def test_varlen_sm90a_builds_without_spills_or_serialized_wgmma(capsys):
     assert compile_check.check(("sm_90",), ["varlen_attention_fp8_sm90a"])["ok"]
     out = capsys.readouterr().out
     assert "sm_90a" in out and "h3_varlen_attention_fp8_wgmma" in out
+
+
+@pytest.mark.parametrize("variant", hopper.VARIANTS, ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
+def test_varlen_sm90a_measured_builds_without_spills_or_serialized_wgmma(variant):
+    _, log, _ = compiler.compile_cubin("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
+                                       ("-Xptxas=-v",), use_cache=False)
+    report = compile_check.parse_ptxas(log)["h3_varlen_attention_fp8_wgmma"]
+    assert report["stack"] == report["spill_st"] == report["spill_ld"] == 0, report
+    assert not [ln for ln in log.splitlines() if "warn" in ln.lower()], log
+
+
+@pytest.mark.parametrize("variant", ((),) + hopper.VARIANTS,
+                         ids=lambda v: "_".join(f"{a}{b}" for a, b in v) or "default")
+def test_varlen_sm90a_touches_no_wgmma_register_in_flight(variant):
+    ptx = compiler.compile_ptx("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)))
+    assert ptx.count("wgmma.mma_async") >= 6
+    assert wgmma_register_hazards(ptx) == []
+
+
+def test_ptx_check_finds_a_wgmma_a_register_written_before_its_wait():
+    # the shape of the OVERLAP build's fault: the next P packed into the registers a P V still
+    # reads, on the path where the wait comes later
+    body = """
+\twgmma.fence.sync.aligned;
+\twgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%f1, %f2}, {%r1, %r2, %r3, %r4}, %rd1, p, 1, 1;
+\twgmma.commit_group.sync.aligned;
+\t@%p1 bra $L__BB0_2;
+\twgmma.wait_group.sync.aligned 0;
+$L__BB0_2:
+\tmov.b32 %r1, {%rs1, %rs2};
+\twgmma.wait_group.sync.aligned 0;
+\tadd.f32 %f3, %f1, %f2;
+\tret;
+"""
+    bad = wgmma_register_hazards(body)
+    assert [(b[2], b[3].split()[0]) for b in bad] == [(("%r1",), "mov.b32")]
+    assert wgmma_register_hazards(body.replace("\t@%p1 bra $L__BB0_2;\n", "")) == []
 
 
 def test_varlen_sm90a_build_without_its_constants_stops():

@@ -26,8 +26,21 @@ PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
 CONSUMER_REGS = 240  # registers of each softmax warpgroup: 64 of O, 64 of a P V partial, 32 of S
 OVERLAP = 0  # 1: each block's softmax runs while the previous block's P V is in the tensor core
 # (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn
-PINGPONG = 0  # with OVERLAP 1: the two consumer warpgroups take turns issuing their wgmmas
-# (named barriers), so that one's softmax runs while the other's matrix products do
+PINGPONG = 0  # with OVERLAP 1 or S128: the two consumer warpgroups take turns issuing their
+# wgmmas (named barriers), so that one's softmax runs while the other's matrix products do
+S128 = 0  # 1 or 2: S of a whole 128-key stage in one wgmma group, its two 64-key halves taken in
+# order (the same arithmetic, bitwise the same result), the stage's wgmmas software-pipelined
+# (1: the high half's P V, then the next S; 2: the next S, then the high half's P V, which runs
+# under the next low half's softmax); 0: one 64-key block at a time (OVERLAP's schedules)
+MAX_TREE = 0  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
+# either way, so the same maximum and the same result
+# Other builds of the same arithmetic (bitwise the default's result), measured beside it by
+# bench/hopper_attention.py; tests/test_varlen_attention_fp8_sm90a.py builds each (no spills, no
+# wgmma register still in flight when touched)
+VARIANTS = ((("S128", 1),), (("S128", 2),), (("S128", 1), ("MAX_TREE", 1)), (("S128", 2), ("MAX_TREE", 1)),
+            (("S128", 1), ("PINGPONG", 1)), (("S128", 2), ("PINGPONG", 1)),
+            (("S128", 2), ("PINGPONG", 1), ("MAX_TREE", 1)), (("S128", 2), ("STAGES", 2)), (("MAX_TREE", 1),),
+            (("OVERLAP", 1),), (("OVERLAP", 1), ("PINGPONG", 1)))
 THREADS = 384
 SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
@@ -40,7 +53,8 @@ PARAMS = ("map",) * 3 + ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "i32",
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
-             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG)
+             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
+             MAX_TREE=MAX_TREE)
     d.update(variant)
     return d
 

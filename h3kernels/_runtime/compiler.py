@@ -137,6 +137,39 @@ class _Nvrtc:
         nv.nvrtcDestroyProgram(prog)
         return cubin, log
 
+    def ptx(self, text, name, headers, options):
+        """The PTX of a compute_XX build; raises CompileError with the log on failure."""
+        if self._cupy is not None:
+            nv = self._cupy
+            prog = nv.createProgram(text, name, [h.encode() for h in headers.values()],
+                                    [h.encode() for h in headers])
+            try:
+                try:
+                    nv.compileProgram(prog, list(options))
+                except nv.NVRTCError as err:
+                    raise CompileError(f"{name}: {err}\n{nv.getProgramLog(prog)}") from None
+                ptx = nv.getPTX(prog)
+                return ptx.decode() if isinstance(ptx, bytes) else ptx
+            finally:
+                nv.destroyProgram(prog)
+        nv = self._cb
+        enc = [h.encode() for h in headers.values()], [h.encode() for h in headers]
+        err, prog = nv.nvrtcCreateProgram(text.encode(), name.encode(), len(headers), *enc)
+        opts = [o.encode() for o in options]
+        try:
+            (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+            if err != nv.nvrtcResult.NVRTC_SUCCESS:
+                _, size = nv.nvrtcGetProgramLogSize(prog)
+                log = b" " * size
+                nv.nvrtcGetProgramLog(prog, log)
+                raise CompileError(f"{name}: {err}\n{log.rstrip(b' ').decode(errors='replace')}")
+            _, size = nv.nvrtcGetPTXSize(prog)
+            ptx = b" " * size
+            nv.nvrtcGetPTX(prog, ptx)
+            return ptx.rstrip(b"\0 ").decode()
+        finally:
+            nv.nvrtcDestroyProgram(prog)
+
 
 _nvrtc = {}
 
@@ -170,6 +203,14 @@ def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=No
     if use_cache:
         write_cache(path, cubin)
     return cubin, log, key
+
+
+def compile_ptx(name, arch, defines=None):
+    """cuda_src/<name>.cu -> its PTX for `arch` (sm_90a: compute_90a), uncached: for checks that
+    read the program before ptxas (h3kernels.testing.ptx_checks)."""
+    options = tuple(o.replace("-arch=sm_", "-arch=compute_") for o in options_for(arch, defines))
+    main, headers = read_with_includes(name)
+    return nvrtc().ptx(main, f"{name}.cu", headers, options)
 
 
 def write_cache(path, data):

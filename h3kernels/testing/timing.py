@@ -117,7 +117,7 @@ def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=15
 
     cu = tuple(int(c) for c in cu_seqlens_host)
     tokens, heads = int(q.shape[0]), int(q.shape[1])
-    _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device) for a in plan_arrays(cu, heads))
+    _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device) for a in plan_arrays(cu, heads)[:3])
     n = int(blocks.shape[0])
     _, nbytes = launch.layout(tokens, heads, len(cu) - 1, n)
     mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
