@@ -13,22 +13,22 @@ import h3kernels
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, make_row_inputs
 
 
-def mlp(m):
+def mlp(m, form=-1):
     x, w, sc, sh, idx = make_row_inputs(m, rows=8, device="cuda", seed=m)  # every 7th row index-guarded
     idx[3::7] = -2  # and some below zero: the guard has two sides
     gate, residual, _, _, q1, s1, q2, s2 = make_mlp_weights(m, 8, seed=m + 1)  # not the inputs' random stream again
-    out = h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2)
+    out = h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2, s2, fp8_mma_form=form)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
-    print(f"mlp M={m}: ok", flush=True)
+    print(f"mlp M={m} form {form}: ok", flush=True)
 
 
-def attention(lens, heads):
+def attention(lens, heads, form=-1):
     q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, seed=sum(lens))
-    out = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)
+    out = h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, fp8_mma_form=form)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
-    print(f"attention {lens} x {heads} heads: ok", flush=True)
+    print(f"attention {lens} x {heads} heads form {form}: ok", flush=True)
 
 
 def main():
@@ -36,12 +36,13 @@ def main():
     p.add_argument("--mlp", type=int)
     p.add_argument("--attn")
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--form", type=int, default=-1, help="fp8_mma_form of both operators (3: the wgmma families)")
     a = p.parse_args()
     cupy.cuda.set_allocator(None)  # raw cudaMalloc: see the docstring
     if a.mlp:
-        mlp(a.mlp)
+        mlp(a.mlp, a.form)
     if a.attn:
-        attention([int(n) for n in a.attn.split(",")], a.heads)
+        attention([int(n) for n in a.attn.split(",")], a.heads, a.form)
 
 
 if __name__ == "__main__":
