@@ -4,6 +4,8 @@ and the FC1 and FC2 GEMMs of cuda_src/mlp_fp8.cu, with every constant of that so
 All three go through launcher.Kernel on the caller's stream; a caller opens an arrays.Call and
 makes its device current first (h3kernels/mlp_fp8.py does both).
 """
+import functools
+
 from h3kernels._launch import mlp_fp8_sm90a, numba_ptx
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
@@ -56,10 +58,11 @@ def gemms(device_id, form):
 ALIGN = 256
 
 
+@functools.lru_cache(maxsize=64)
 def scratch_layout(m):
     """({name: byte offset}, total bytes) of the buffers one call needs between its launches
     (a_q, a_scale, y, y_q, y_scale, flags), carved from one allocation: one allocator call
-    instead of six."""
+    instead of six. (Cached per M: the dict is shared, read it only.)"""
     sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
              ("flags", 4 * fc2_flag_count(m)))
     offsets, off = {}, 0
@@ -96,9 +99,14 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
 
 def zero_flags(call, m, flags):
     """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
+    _cuda_runtime().memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_runtime():
     from cupy_backends.cuda.api import runtime
 
-    runtime.memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+    return runtime
 
 
 def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
