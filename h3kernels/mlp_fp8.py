@@ -94,10 +94,11 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
                  workspace_flags=workspace_flags)
-    eps, address = checks.checked_mlp_args(inputs, given, eps, fp8_mma_form)  # {name: base address}
+    eps, facts = checks.checked_mlp_args(inputs, given, eps, fp8_mma_form)
     call = arrays.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
     form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
     m = x.shape[0]
+    address = {name: f[3] for name, f in facts.items()}  # read once, by the checks
 
     # the buffers between the launches: the caller's workspaces, else one scratch allocation
     offsets, total = launch.scratch_layout(m)
@@ -116,10 +117,12 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
         out_ptr = arrays.data_ptr(out)
     else:
         out_ptr = address["out"]
+    row = launch.row_values_at(m, address["x"], address["x_norm_weight"], address["adaln_scale"],
+                               address["adaln_shift"], arrays.strides_elems(adaln_scale)[0], adaln_scale.shape[0],
+                               address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"])
     previous = call.make_current()
     try:
-        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, ptr["a_q"],
-                          ptr["a_scale"])
+        launch.launch_row_at(call, row)
         launch.zero_flags(call, m, ptr["flags"])
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
                           address["fc1_weight_scale"], ptr["y"])

@@ -77,14 +77,20 @@ def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q
     tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
     (a_q and a_scale: addresses). Validation guarantees the alignment and contiguity these
     views assume."""
-    m = x.shape[0]
-    stride = strides_elems(adaln_scale)[0]
-    rows = adaln_scale.shape[0]
+    return row_values_at(x.shape[0], data_ptr(x), data_ptr(x_norm_weight), data_ptr(adaln_scale),
+                         data_ptr(adaln_shift), strides_elems(adaln_scale)[0], adaln_scale.shape[0],
+                         data_ptr(adaln_index), eps, a_q, a_scale)
+
+
+@functools.lru_cache(maxsize=64)
+def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, adaln_index, eps, a_q, a_scale):
+    """row_values from M, the arrays' addresses, the tables' row stride (elements) and rows. A
+    function of these numbers alone: a call that repeats them reuses the tuple."""
     span = ((rows - 1) * stride + HIDDEN) // 4  # quads from the base through the last row's end
     vec = numba_ptx.vector
-    return (0, 0, m * ROW_QUADS, 8, data_ptr(x), m, ROW_QUADS, 8 * ROW_QUADS, 8,
-            *vec(data_ptr(x_norm_weight), ROW_QUADS, 8), *vec(data_ptr(adaln_scale), span, 8),
-            *vec(data_ptr(adaln_shift), span, 8), stride // 4, rows, *vec(data_ptr(adaln_index), m, 8), eps,
+    return (0, 0, m * ROW_QUADS, 8, x, m, ROW_QUADS, 8 * ROW_QUADS, 8,
+            *vec(x_norm_weight, ROW_QUADS, 8), *vec(adaln_scale, span, 8),
+            *vec(adaln_shift, span, 8), stride // 4, rows, *vec(adaln_index, m, 8), eps,
             0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4))
 
 
@@ -92,9 +98,12 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
     """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
     m = x.shape[0]
     if m:
-        numba_ptx.kernel("row_kernel", call.device_id).launch(
-            call.stream_ptr, (m, 1), ROW_THREADS,
-            row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+        launch_row_at(call, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+
+
+def launch_row_at(call, values):
+    """launch_row with the kernel's parameters given (row_values_at; M >= 1)."""
+    numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (values[5], 1), ROW_THREADS, values)
 
 
 def zero_flags(call, m, flags):

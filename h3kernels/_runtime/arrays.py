@@ -90,11 +90,16 @@ def nbytes(a):
 
 
 def _torch_stream(device_id):
+    return _torch_stream_reader()(device_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_stream_reader():
     t = _torch()
     raw = getattr(t._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
     if raw is not None:
-        return raw(device_id)
-    return t.cuda.current_stream(device_id).cuda_stream
+        return raw
+    return lambda device_id: t.cuda.current_stream(device_id).cuda_stream
 
 
 def _cupy_stream_ptr(device_id):
@@ -117,7 +122,7 @@ class Call:
         for name, a in named.items():
             if a is None:
                 continue
-            k = kind_of(a)
+            k = _kind_by_type.get(type(a)) or kind_of(a)
             if k is None:
                 raise TypeError(f"{name}: got {type(a).__module__}.{type(a).__name__}; "
                                 "need a torch CUDA tensor or a CuPy array")
