@@ -16,7 +16,8 @@ addresses. Two groups of cases:
   on the GPU. Call's own loop over the arguments is therefore not in these figures.
 
 Each figure is the median (and the minimum: on a shared machine the least disturbed) over
-`repeats` rounds of the mean of `inner` back-to-back calls (time.perf_counter_ns), after a warm-up. bench/host_time.py measures the same calls on a GPU.
+`repeats` rounds of the mean of `inner` back-to-back calls (time.perf_counter_ns), after a
+warm-up. bench/host_time.py measures the same calls on a GPU.
 """
 import argparse
 import json

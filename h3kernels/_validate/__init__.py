@@ -59,8 +59,8 @@ def arrays(accepted, required, optional=None):
             if first is None:
                 first, first_kind = name, kind
             elif kind != first_kind:  # one call runs on one kind's streams and allocator
-                fail(name, f"a {kind} array while {first} is a {first_kind} array", f"arrays of one kind ({first_kind})",
-                     TypeError)
+                fail(name, f"a {kind} array while {first} is a {first_kind} array",
+                     f"arrays of one kind ({first_kind})", TypeError)
     return first_kind
 
 
@@ -96,7 +96,7 @@ def is_contiguous(a):
 
 def table(name, a, cols):
     """A [rows, cols] bf16 table view: unit column stride, 16-byte-aligned base and row pitch."""
-    table_of(name, a, reader(_kinds.get(type(a)) or adapter.kind_of(a))(a), cols)
+    table_of(name, a, (adapter.logical_dtype(a), a.shape, None, None), cols)  # the address read last
 
 
 def aligned(name, a, nbytes):
@@ -147,8 +147,9 @@ def table_of(name, a, facts, cols):
         fail(name, f"column stride {cs}", "column stride 1")
     if (rs * 2) % 16 or rs < cols:
         fail(name, f"row pitch {rs * 2} bytes", "a row pitch that is a multiple of 16 bytes, >= one row")
-    if facts[3] % 16:
-        fail(name, f"base address {facts[3]:#x}", "a 16-byte-aligned base")
+    ptr = facts[3] if facts[3] is not None else adapter.data_ptr(a)
+    if ptr % 16:
+        fail(name, f"base address {ptr:#x}", "a 16-byte-aligned base")
     return rs
 
 

@@ -41,7 +41,8 @@ def _row_stage_layout(read, facts, x, x_norm_weight, adaln_scale, adaln_shift, a
         v.contiguous_("x", x)
     v.aligned_of("x", f, 8)  # read as quads of bf16
     facts["x_norm_weight"] = f = read(x_norm_weight)
-    v.array_of("x_norm_weight", x_norm_weight, f, adapter.BF16, _NORM_SHAPE)
+    if f[0] != adapter.BF16 or f[1] != _NORM_SHAPE or not f[2]:  # array_of only words the failure
+        v.array_of("x_norm_weight", x_norm_weight, f, adapter.BF16, _NORM_SHAPE)
     v.aligned_of("x_norm_weight", f, 8)
     facts["adaln_scale"] = f = read(adaln_scale)
     scale_pitch = v.table_of("adaln_scale", adaln_scale, f, HIDDEN)
@@ -53,7 +54,8 @@ def _row_stage_layout(read, facts, x, x_norm_weight, adaln_scale, adaln_shift, a
     if shift_pitch != scale_pitch:
         v.fail("adaln_shift", f"row stride {shift_pitch}", f"adaln_scale's row stride {scale_pitch}")
     facts["adaln_index"] = f = read(adaln_index)
-    v.array_of("adaln_index", adaln_index, f, adapter.I64, (m,))
+    if f[0] != adapter.I64 or f[1] != (m,) or not f[2]:
+        v.array_of("adaln_index", adaln_index, f, adapter.I64, (m,))
     if workspace_a_q is not None:
         facts["workspace_a_q"] = f = read(workspace_a_q)
         v.array_of("workspace_a_q", workspace_a_q, f, adapter.E4M3, (m, HIDDEN))
@@ -95,10 +97,11 @@ def checked_mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_AR
     if gate.shape[0] != adaln_scale.shape[0]:
         v.fail("gate", f"{gate.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
     facts["residual"] = f = read(inputs["residual"])
-    v.array_of("residual", inputs["residual"], f, adapter.BF16, (m, HIDDEN))
+    if f[0] != adapter.BF16 or f[1] != (m, HIDDEN) or not f[2]:
+        v.array_of("residual", inputs["residual"], f, adapter.BF16, (m, HIDDEN))
     for name, dtype, shape in _FIXED:
         facts[name] = f = read(inputs[name])
-        if f[0] != dtype or f[1] != shape or not f[2]:  # array_of, called only to word the failure
+        if f[0] != dtype or f[1] != shape or not f[2]:
             v.array_of(name, inputs[name], f, dtype, shape)
     written = {k: a for k, a in given.items() if a is not None}
     if written:

@@ -92,8 +92,9 @@ def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):
         cu = tuple(map(int, cu_seqlens_host))
     except (TypeError, ValueError):
         v.fail(name, type(cu_seqlens_host).__name__, "a sequence of ints", TypeError)
-    if len(cu) != cu_seqlens.shape[0]:
-        v.fail(name, f"{len(cu)} entries", f"{cu_seqlens.shape[0]}, as cu_seqlens")
+    entries = cu_seqlens.shape[0]
+    if len(cu) != entries:
+        v.fail(name, f"{len(cu)} entries", f"{entries}, as cu_seqlens")
     if cu[0] != 0:
         v.fail(name, f"first entry {cu[0]}", "0")
     if not all(map(operator.le, cu, cu[1:])):
