@@ -73,7 +73,11 @@ _FIXED = (("fc1_weight_q", adapter.E4M3, (FC1_OUT, HIDDEN)), ("fc1_weight_scale"
 # in the order their alignment is checked
 _ALIGNED = (("residual", 4), ("out", 4), ("fc1_weight_q", 16), ("fc2_weight_q", 16), ("workspace_y", 16),
             ("workspace_y_q", 16), ("workspace_a_q", 16))
-_TABLES = ("adaln_scale", "adaln_shift", "gate")  # row views: the rest is contiguous once checked
+# out and the workspaces after the row stage's, in the order they are checked: (name, dtype, shape for M)
+_GIVEN = (("out", adapter.BF16, lambda m: (m, HIDDEN)), ("workspace_y", adapter.BF16, lambda m: (m, FFN)),
+          ("workspace_y_q", adapter.E4M3, lambda m: (m, FFN)), ("workspace_y_scale", adapter.F32, lambda m: (m,)),
+          ("workspace_flags", adapter.I32, lambda m: (fc2_flag_count(m),)))
+_TABLES = frozenset(("adaln_scale", "adaln_shift", "gate"))  # row views: the rest is contiguous once checked
 _MAY_ALIAS = frozenset({("out", "residual"), ("out", "x")})
 
 
@@ -85,12 +89,14 @@ def mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
 
 
 def checked_mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
-    """mlp_args, returning (eps, {name: facts (v.reader)} of every array given)."""
+    """mlp_args, returning (eps, {name: facts (v.reader)} of every array given): the operator
+    launches with the addresses read here."""
     read = v.reader(v.arrays(accepted, inputs, given))
     facts = {}
     x, adaln_scale, gate = inputs["x"], inputs["adaln_scale"], inputs["gate"]
-    eps, table_pitch = _row_stage_layout(read, facts, x, inputs["x_norm_weight"], adaln_scale, inputs["adaln_shift"],
-                            inputs["adaln_index"], eps, given["workspace_a_q"], given["workspace_a_scale"])
+    eps, table_pitch = _row_stage_layout(read, facts, x, inputs["x_norm_weight"], adaln_scale,
+                                         inputs["adaln_shift"], inputs["adaln_index"], eps, given["workspace_a_q"],
+                                         given["workspace_a_scale"])
     m = facts["x"][1][0]
     facts["gate"] = f = read(gate)
     gate_pitch = v.table_of("gate", gate, f, HIDDEN)
@@ -105,13 +111,11 @@ def checked_mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_AR
             v.array_of(name, inputs[name], f, dtype, shape)
     written = {k: a for k, a in given.items() if a is not None}
     if written:
-        for name, shape, dtype in (("out", (m, HIDDEN), adapter.BF16), ("workspace_y", (m, FFN), adapter.BF16),
-                                   ("workspace_y_q", (m, FFN), adapter.E4M3), ("workspace_y_scale", (m,), adapter.F32),
-                                   ("workspace_flags", (fc2_flag_count(m),), adapter.I32)):
+        for name, dtype, shape_of in _GIVEN:
             a = given[name]
             if a is not None:
                 facts[name] = f = read(a)
-                v.array_of(name, a, f, dtype, shape)
+                v.array_of(name, a, f, dtype, shape_of(m))
     for name, nbytes in _ALIGNED:
         f = facts.get(name)
         if f is not None:
