@@ -94,36 +94,46 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     given = dict(out=out, workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale,
                  workspace_y=workspace_y, workspace_y_q=workspace_y_q, workspace_y_scale=workspace_y_scale,
                  workspace_flags=workspace_flags)
-    eps = checks.mlp_args(inputs, given, eps, fp8_mma_form)
+    eps, facts = checks.checked_mlp_args(inputs, given, eps, fp8_mma_form)
     call = arrays.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
     form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
     m = x.shape[0]
+    address = {name: f[3] for name, f in facts.items()}  # read once, by the checks
 
     # the buffers between the launches: the caller's workspaces, else one scratch allocation
     offsets, total = launch.scratch_layout(m)
-    scratch = None
+    base = None
     ptr = {}
-    for name, ws in (("a_q", workspace_a_q), ("a_scale", workspace_a_scale), ("y", workspace_y),
-                     ("y_q", workspace_y_q), ("y_scale", workspace_y_scale), ("flags", workspace_flags)):
-        if ws is not None:
-            ptr[name] = arrays.data_ptr(ws)
-        else:
-            if scratch is None:
-                scratch = call.empty((total,), arrays.E4M3)
+    for name, argument in _WORKSPACES:
+        p = address.get(argument)
+        if p is None:
+            if base is None:
+                scratch = call.empty((total,), arrays.E4M3)  # held until the launches are queued
                 base = arrays.data_ptr(scratch)
-            ptr[name] = base + offsets[name]
-    out = out if out is not None else call.empty((m, HIDDEN), arrays.BF16)
+            p = base + offsets[name]
+        ptr[name] = p
+    if out is None:
+        out = call.empty((m, HIDDEN), arrays.BF16)
+        out_ptr = arrays.data_ptr(out)
+    else:
+        out_ptr = address["out"]
+    row = launch.row_values_at(m, address["x"], address["x_norm_weight"], address["adaln_scale"],
+                               address["adaln_shift"], arrays.strides_elems(adaln_scale)[0], adaln_scale.shape[0],
+                               address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"])
     previous = call.make_current()
     try:
-        launch.launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, ptr["a_q"],
-                          ptr["a_scale"])
+        launch.launch_row_at(call, row)
         launch.zero_flags(call, m, ptr["flags"])
-        data_ptr = arrays.data_ptr
-        launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], data_ptr(fc1_weight_q),
-                          data_ptr(fc1_weight_scale), ptr["y"])
-        launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], data_ptr(fc2_weight_q),
-                          data_ptr(fc2_weight_scale), gate, data_ptr(adaln_index), data_ptr(residual),
-                          data_ptr(out), ptr["flags"])
+        launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
+                          address["fc1_weight_scale"], ptr["y"])
+        launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], address["fc2_weight_q"],
+                          address["fc2_weight_scale"], gate, address["adaln_index"], address["residual"], out_ptr,
+                          ptr["flags"])
     finally:
         arrays.restore(previous)
     return out  # the scratch goes back to the caller's allocator, stream-ordered behind the launches
+
+
+# the buffers between the launches and the workspace arguments that may hold them
+_WORKSPACES = (("a_q", "workspace_a_q"), ("a_scale", "workspace_a_scale"), ("y", "workspace_y"),
+               ("y_q", "workspace_y_q"), ("y_scale", "workspace_y_scale"), ("flags", "workspace_flags"))

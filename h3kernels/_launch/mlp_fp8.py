@@ -4,6 +4,8 @@ and the FC1 and FC2 GEMMs of cuda_src/mlp_fp8.cu, with every constant of that so
 All three go through launcher.Kernel on the caller's stream; a caller opens an arrays.Call and
 makes its device current first (h3kernels/mlp_fp8.py does both).
 """
+import functools
+
 from h3kernels._launch import mlp_fp8_sm90a, numba_ptx
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
@@ -56,10 +58,11 @@ def gemms(device_id, form):
 ALIGN = 256
 
 
+@functools.lru_cache(maxsize=64)
 def scratch_layout(m):
     """({name: byte offset}, total bytes) of the buffers one call needs between its launches
     (a_q, a_scale, y, y_q, y_scale, flags), carved from one allocation: one allocator call
-    instead of six."""
+    instead of six. (Cached per M: the dict is shared, read it only.)"""
     sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
              ("flags", 4 * fc2_flag_count(m)))
     offsets, off = {}, 0
@@ -74,14 +77,20 @@ def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q
     tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
     (a_q and a_scale: addresses). Validation guarantees the alignment and contiguity these
     views assume."""
-    m = x.shape[0]
-    stride = strides_elems(adaln_scale)[0]
-    rows = adaln_scale.shape[0]
+    return row_values_at(x.shape[0], data_ptr(x), data_ptr(x_norm_weight), data_ptr(adaln_scale),
+                         data_ptr(adaln_shift), strides_elems(adaln_scale)[0], adaln_scale.shape[0],
+                         data_ptr(adaln_index), eps, a_q, a_scale)
+
+
+@functools.lru_cache(maxsize=64)
+def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, adaln_index, eps, a_q, a_scale):
+    """row_values from M, the arrays' addresses, the tables' row stride (elements) and rows. A
+    function of these numbers alone: a call that repeats them reuses the tuple."""
     span = ((rows - 1) * stride + HIDDEN) // 4  # quads from the base through the last row's end
     vec = numba_ptx.vector
-    return (0, 0, m * ROW_QUADS, 8, data_ptr(x), m, ROW_QUADS, 8 * ROW_QUADS, 8,
-            *vec(data_ptr(x_norm_weight), ROW_QUADS, 8), *vec(data_ptr(adaln_scale), span, 8),
-            *vec(data_ptr(adaln_shift), span, 8), stride // 4, rows, *vec(data_ptr(adaln_index), m, 8), eps,
+    return (0, 0, m * ROW_QUADS, 8, x, m, ROW_QUADS, 8 * ROW_QUADS, 8,
+            *vec(x_norm_weight, ROW_QUADS, 8), *vec(adaln_scale, span, 8),
+            *vec(adaln_shift, span, 8), stride // 4, rows, *vec(adaln_index, m, 8), eps,
             0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4))
 
 
@@ -89,16 +98,24 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
     """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
     m = x.shape[0]
     if m:
-        numba_ptx.kernel("row_kernel", call.device_id).launch(
-            call.stream_ptr, (m, 1), ROW_THREADS,
-            row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+        launch_row_at(call, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+
+
+def launch_row_at(call, values):
+    """launch_row with the kernel's parameters given (row_values_at; M >= 1)."""
+    numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (values[5], 1), ROW_THREADS, values)
 
 
 def zero_flags(call, m, flags):
     """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
+    _cuda_runtime().memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_runtime():
     from cupy_backends.cuda.api import runtime
 
-    runtime.memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+    return runtime
 
 
 def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):

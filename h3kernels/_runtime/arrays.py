@@ -62,22 +62,27 @@ _CUPY_DTYPES = {"bfloat16": BF16, "uint16": BF16, "float8_e4m3fn": E4M3, "uint8"
 
 def logical_dtype(a):
     """The contract's dtype name of a torch tensor or CuPy array, or None if it has none."""
-    if kind_of(a) == "torch":
+    if (_kind_by_type.get(type(a)) or kind_of(a)) == "torch":
         return (_torch_dtype_names or _torch_dtypes()).get(a.dtype)
     return _CUPY_DTYPES.get(a.dtype.name)
 
 
 def strides_elems(a):
-    if kind_of(a) == "torch":
+    if (_kind_by_type.get(type(a)) or kind_of(a)) == "torch":
         return a.stride()  # a tuple already
     return tuple(s // a.itemsize for s in a.strides)
 
 
 def data_ptr(a):
-    try:
-        return a.data_ptr()  # torch
+    kind = _kind_by_type.get(type(a)) or kind_of(a)
+    if kind == "torch":
+        return a.data_ptr()
+    if kind == "cupy":
+        return a.data.ptr
+    try:  # anything else that offers one of the two
+        return a.data_ptr()
     except AttributeError:
-        return a.data.ptr  # CuPy
+        return a.data.ptr
 
 
 def nbytes(a):
@@ -85,11 +90,16 @@ def nbytes(a):
 
 
 def _torch_stream(device_id):
+    return _torch_stream_reader()(device_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_stream_reader():
     t = _torch()
     raw = getattr(t._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
     if raw is not None:
-        return raw(device_id)
-    return t.cuda.current_stream(device_id).cuda_stream
+        return raw
+    return lambda device_id: t.cuda.current_stream(device_id).cuda_stream
 
 
 def _cupy_stream_ptr(device_id):
@@ -112,7 +122,7 @@ class Call:
         for name, a in named.items():
             if a is None:
                 continue
-            k = kind_of(a)
+            k = _kind_by_type.get(type(a)) or kind_of(a)
             if k is None:
                 raise TypeError(f"{name}: got {type(a).__module__}.{type(a).__name__}; "
                                 "need a torch CUDA tensor or a CuPy array")

@@ -52,6 +52,7 @@ class Kernel:
         self.params = tuple(params) if params is not None else None
         self._caps = {}
         self._lock = threading.Lock()
+        self._packed = None  # the tuple whose values the buffer holds
         if params is not None:
             fmt, offsets = param_layout(self.params)
             self._struct = struct.Struct(fmt)
@@ -71,7 +72,13 @@ class Kernel:
     def launch(self, stream_ptr, grid, block, values):
         """grid: (x, y) CTAs; block: threads (x only); values: the parameters, in order."""
         with self._lock:
-            self._struct.pack_into(self._buf, 0, *values)
+            # The buffer still holds the last tuple packed: a launch with that same tuple (the
+            # launch layers reuse the tuples of repeated parameters) skips the packing. A tuple
+            # cannot change, and holding it keeps its identity from being reused.
+            if values is not self._packed or type(values) is not tuple:
+                self._packed = None  # a failed packing leaves the buffer matching no tuple
+                self._struct.pack_into(self._buf, 0, *values)
+                self._packed = values
             self._launch(self.ptr, grid[0], grid[1], 1, block, 1, 1, self.smem, stream_ptr, self._kernel_params,
                          self._extra_ptr)
 

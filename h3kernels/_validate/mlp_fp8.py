@@ -16,78 +16,124 @@ WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 def row_stage_args(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q=None,
                    workspace_a_scale=None, accepted=v.GPU_ARRAYS):
     """Kinds, dtypes, shapes and layout of the row stage's arguments; returns eps as a float."""
-    v.arrays(accepted, dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
-                            adaln_index=adaln_index),
-             dict(workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale))
-    return _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
-                             workspace_a_scale)
+    kind = v.arrays(accepted, dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
+                                   adaln_index=adaln_index),
+                    dict(workspace_a_q=workspace_a_q, workspace_a_scale=workspace_a_scale))
+    return _row_stage_layout(v.reader(kind), {}, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps,
+                             workspace_a_q, workspace_a_scale)[0]
 
 
-def _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
+def _row_stage_layout(read, facts, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
                       workspace_a_scale):
-    """row_stage_args after the kinds (which mlp_args checks for all its arrays at once)."""
-    v.dtype("x", x, adapter.BF16)
-    if x.ndim != 2 or x.shape[1] != HIDDEN:
-        v.fail("x", f"shape {tuple(x.shape)}", f"shape (M, {HIDDEN})")
-    m = x.shape[0]
+    """row_stage_args after the kinds (which mlp_args checks for all its arrays at once): (eps as
+    a float, the tables' row stride). read: v.reader of their kind; facts: {name: facts}, to
+    which each array's are added."""
+    facts["x"] = f = read(x)
+    if f[0] != adapter.BF16:
+        v.dtype("x", x, adapter.BF16)
+    shape = f[1]
+    if len(shape) != 2 or shape[1] != HIDDEN:
+        v.fail("x", f"shape {tuple(shape)}", f"shape (M, {HIDDEN})")
+    m = shape[0]
     if not 1 <= m <= MAX_M:
         v.fail("x", f"M = {m} rows", f"1 <= M <= {MAX_M} (M * 14336 must stay below 2**31)")
-    v.contiguous_("x", x)
-    v.aligned("x", x, 8)  # read as quads of bf16
-    v.array("x_norm_weight", x_norm_weight, adapter.BF16, (HIDDEN,))
-    v.aligned("x_norm_weight", x_norm_weight, 8)
-    v.table("adaln_scale", adaln_scale, HIDDEN)
-    v.table("adaln_shift", adaln_shift, HIDDEN)
+    if not f[2]:
+        v.contiguous_("x", x)
+    v.aligned_of("x", f, 8)  # read as quads of bf16
+    facts["x_norm_weight"] = f = read(x_norm_weight)
+    if f[0] != adapter.BF16 or f[1] != _NORM_SHAPE or not f[2]:  # array_of only words the failure
+        v.array_of("x_norm_weight", x_norm_weight, f, adapter.BF16, _NORM_SHAPE)
+    v.aligned_of("x_norm_weight", f, 8)
+    facts["adaln_scale"] = f = read(adaln_scale)
+    scale_pitch = v.table_of("adaln_scale", adaln_scale, f, HIDDEN)
+    facts["adaln_shift"] = f = read(adaln_shift)
+    shift_pitch = v.table_of("adaln_shift", adaln_shift, f, HIDDEN)
     if adaln_shift.shape[0] != adaln_scale.shape[0]:
         v.fail("adaln_shift", f"{adaln_shift.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
     # the row kernel walks both tables with one row pitch
-    if adapter.strides_elems(adaln_shift)[0] != adapter.strides_elems(adaln_scale)[0]:
-        v.fail("adaln_shift", f"row stride {adapter.strides_elems(adaln_shift)[0]}",
-               f"adaln_scale's row stride {adapter.strides_elems(adaln_scale)[0]}")
-    v.array("adaln_index", adaln_index, adapter.I64, (m,))
+    if shift_pitch != scale_pitch:
+        v.fail("adaln_shift", f"row stride {shift_pitch}", f"adaln_scale's row stride {scale_pitch}")
+    facts["adaln_index"] = f = read(adaln_index)
+    if f[0] != adapter.I64 or f[1] != (m,) or not f[2]:
+        v.array_of("adaln_index", adaln_index, f, adapter.I64, (m,))
     if workspace_a_q is not None:
-        v.array("workspace_a_q", workspace_a_q, adapter.E4M3, (m, HIDDEN))
-        v.aligned("workspace_a_q", workspace_a_q, 4)  # written as quads of e4m3
+        facts["workspace_a_q"] = f = read(workspace_a_q)
+        v.array_of("workspace_a_q", workspace_a_q, f, adapter.E4M3, (m, HIDDEN))
+        v.aligned_of("workspace_a_q", f, 4)  # written as quads of e4m3
     if workspace_a_scale is not None:
-        v.array("workspace_a_scale", workspace_a_scale, adapter.F32, (m,))
-    return v.positive_finite("eps", eps)
+        facts["workspace_a_scale"] = f = read(workspace_a_scale)
+        v.array_of("workspace_a_scale", workspace_a_scale, f, adapter.F32, (m,))
+    return v.positive_finite("eps", eps), scale_pitch
+
+
+_NORM_SHAPE = (HIDDEN,)
+_FIXED = (("fc1_weight_q", adapter.E4M3, (FC1_OUT, HIDDEN)), ("fc1_weight_scale", adapter.F32, (FC1_OUT,)),
+          ("fc2_weight_q", adapter.E4M3, (HIDDEN, FFN)), ("fc2_weight_scale", adapter.F32, (HIDDEN,)))
+# the arrays the kernels read or write in 16-byte chunks (cp.async) or bf16 pairs (the epilogues),
+# in the order their alignment is checked
+_ALIGNED = (("residual", 4), ("out", 4), ("fc1_weight_q", 16), ("fc2_weight_q", 16), ("workspace_y", 16),
+            ("workspace_y_q", 16), ("workspace_a_q", 16))
+# out and the workspaces after the row stage's, in the order they are checked: (name, dtype, shape for M)
+_GIVEN = (("out", adapter.BF16, lambda m: (m, HIDDEN)), ("workspace_y", adapter.BF16, lambda m: (m, FFN)),
+          ("workspace_y_q", adapter.E4M3, lambda m: (m, FFN)), ("workspace_y_scale", adapter.F32, lambda m: (m,)),
+          ("workspace_flags", adapter.I32, lambda m: (fc2_flag_count(m),)))
+_TABLES = frozenset(("adaln_scale", "adaln_shift", "gate"))  # row views: the rest is contiguous once checked
+_MAY_ALIAS = frozenset({("out", "residual"), ("out", "x")})
 
 
 def mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
     """Every check of minimax_h3_mlp_fp8 but the devices and the board's mma forms; returns eps as
     a float. inputs: {name: array} of its eleven array arguments; given: of out and the six
     workspaces (None where not given), by the operator's names."""
-    x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q, fc1_weight_scale, \
-        fc2_weight_q, fc2_weight_scale = (inputs[n] for n in INPUTS)
-    out, workspace_a_q, workspace_y, workspace_y_q = (given[n] for n in ("out", "workspace_a_q", "workspace_y",
-                                                                           "workspace_y_q"))
-    v.arrays(accepted, inputs, given)
-    eps = _row_stage_layout(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, workspace_a_q,
-                            given["workspace_a_scale"])
-    m = x.shape[0]
-    v.table("gate", gate, HIDDEN)
+    return checked_mlp_args(inputs, given, eps, fp8_mma_form, accepted)[0]
+
+
+def checked_mlp_args(inputs, given, eps=1e-5, fp8_mma_form=-1, accepted=v.GPU_ARRAYS):
+    """mlp_args, returning (eps, {name: facts (v.reader)} of every array given): the operator
+    launches with the addresses read here."""
+    read = v.reader(v.arrays(accepted, inputs, given))
+    facts = {}
+    x, adaln_scale, gate = inputs["x"], inputs["adaln_scale"], inputs["gate"]
+    eps, table_pitch = _row_stage_layout(read, facts, x, inputs["x_norm_weight"], adaln_scale,
+                                         inputs["adaln_shift"], inputs["adaln_index"], eps, given["workspace_a_q"],
+                                         given["workspace_a_scale"])
+    m = facts["x"][1][0]
+    facts["gate"] = f = read(gate)
+    gate_pitch = v.table_of("gate", gate, f, HIDDEN)
     if gate.shape[0] != adaln_scale.shape[0]:
         v.fail("gate", f"{gate.shape[0]} rows", f"{adaln_scale.shape[0]} rows, as adaln_scale")
-    v.array("residual", residual, adapter.BF16, (m, HIDDEN))
-    v.array("fc1_weight_q", fc1_weight_q, adapter.E4M3, (FC1_OUT, HIDDEN))
-    v.array("fc1_weight_scale", fc1_weight_scale, adapter.F32, (FC1_OUT,))
-    v.array("fc2_weight_q", fc2_weight_q, adapter.E4M3, (HIDDEN, FFN))
-    v.array("fc2_weight_scale", fc2_weight_scale, adapter.F32, (HIDDEN,))
-    for name, shape, dtype in (("out", (m, HIDDEN), adapter.BF16), ("workspace_y", (m, FFN), adapter.BF16),
-                               ("workspace_y_q", (m, FFN), adapter.E4M3), ("workspace_y_scale", (m,), adapter.F32),
-                               ("workspace_flags", (fc2_flag_count(m),), adapter.I32)):
-        if given[name] is not None:
-            v.array(name, given[name], dtype, shape)
-    # cp.async reads 16-byte chunks; the epilogues write bf16 pairs
-    for name, a, nbytes in (("residual", residual, 4), ("out", out, 4), ("fc1_weight_q", fc1_weight_q, 16),
-                            ("fc2_weight_q", fc2_weight_q, 16), ("workspace_y", workspace_y, 16),
-                            ("workspace_y_q", workspace_y_q, 16), ("workspace_a_q", workspace_a_q, 16)):
-        if a is not None:
-            v.aligned(name, a, nbytes)
+    facts["residual"] = f = read(inputs["residual"])
+    if f[0] != adapter.BF16 or f[1] != (m, HIDDEN) or not f[2]:
+        v.array_of("residual", inputs["residual"], f, adapter.BF16, (m, HIDDEN))
+    for name, dtype, shape in _FIXED:
+        facts[name] = f = read(inputs[name])
+        if f[0] != dtype or f[1] != shape or not f[2]:
+            v.array_of(name, inputs[name], f, dtype, shape)
+    written = {k: a for k, a in given.items() if a is not None}
+    if written:
+        for name, dtype, shape_of in _GIVEN:
+            a = given[name]
+            if a is not None:
+                facts[name] = f = read(a)
+                v.array_of(name, a, f, dtype, shape_of(m))
+    for name, nbytes in _ALIGNED:
+        f = facts.get(name)
+        if f is not None:
+            v.aligned_of(name, f, nbytes)
     mma_form(fp8_mma_form)
-    v.no_overlap({k: a for k, a in given.items() if a is not None}, inputs,
-                 may_alias={("out", "residual"), ("out", "x")})
-    return eps
+    if written:
+        everything = {**written, **inputs}
+        spans = {}
+        for name, a in everything.items():
+            lo = facts[name][3]
+            if name in _TABLES:  # bf16 [rows, HIDDEN], unit column stride, as checked: what span() gives
+                rows, pitch = facts[name][1][0], gate_pitch if name == "gate" else table_pitch
+                spans[name] = lo, lo + 2 * ((rows - 1) * pitch + HIDDEN)
+            else:  # contiguous, as checked
+                nbytes = a.nbytes
+                spans[name] = (lo, lo + nbytes) if nbytes else None
+        v.spans_overlap(written, everything, spans, _MAY_ALIAS)
+    return eps, facts
 
 
 def mma_form(requested):

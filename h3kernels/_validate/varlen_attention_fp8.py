@@ -2,6 +2,7 @@
 h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens), the scalars
 (softmax_scale, fp8_mma_form, return_lse) and workspace_bytes' device argument (device)."""
 import math
+import operator
 
 from h3kernels import _validate as v
 from h3kernels._runtime import arrays as adapter
@@ -12,31 +13,46 @@ FP8_MMA_FORMS = (-1, 0, 2, 3)
 
 def check_args(q, k, v_, cu_seqlens, out, accepted=v.GPU_ARRAYS):
     """Kinds, dtypes, shapes and layout; returns (tokens, heads). Devices are the caller's to check."""
-    v.arrays(accepted, dict(q=q, k=k, v=v_, cu_seqlens=cu_seqlens), dict(out=out))
-    qkv(q, k, v_)
-    for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.aligned(name, a, 8)  # the quantization passes read bf16 quads
-    v.dtype("cu_seqlens", cu_seqlens, adapter.I32)
-    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
-        v.fail("cu_seqlens", f"shape {tuple(cu_seqlens.shape)}", "shape (segments + 1,)")
+    read = v.reader(v.arrays(accepted, dict(q=q, k=k, v=v_, cu_seqlens=cu_seqlens), dict(out=out)))
+    fq, fk, fv = read(q), read(k), read(v_)
+    _qkv(q, k, v_, fq, fk, fv)
+    for name, f in (("q", fq), ("k", fk), ("v", fv)):
+        v.aligned_of(name, f, 8)  # the quantization passes read bf16 quads
+    f = read(cu_seqlens)
+    if f[0] != adapter.I32:
+        v.dtype("cu_seqlens", cu_seqlens, adapter.I32)
+    shape = f[1]
+    if len(shape) != 1 or shape[0] < 1:
+        v.fail("cu_seqlens", f"shape {tuple(shape)}", "shape (segments + 1,)")
+    shape = fq[1]
     if out is not None:
-        v.array("out", out, adapter.BF16, tuple(q.shape))
-        v.aligned("out", out, 4)  # written as pairs of bf16
-    return int(q.shape[0]), int(q.shape[1])
+        f = read(out)
+        v.array_of("out", out, f, adapter.BF16, tuple(shape))
+        v.aligned_of("out", f, 4)  # written as pairs of bf16
+    return int(shape[0]), int(shape[1])
 
 
 def qkv(q, k, v_):
     """q, k, v: bf16 [tokens, heads >= 1, 128], one shape, contiguous (also h3kernels.parallel's
     local arrays)."""
-    for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.dtype(name, a, adapter.BF16)
-    if q.ndim != 3 or q.shape[2] != HEAD_DIM or q.shape[1] < 1:
-        v.fail("q", f"shape {tuple(q.shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
-    for name, a in (("k", k), ("v", v_)):
-        if tuple(a.shape) != tuple(q.shape):
-            v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {tuple(q.shape)}")
-    for name, a in (("q", q), ("k", k), ("v", v_)):
-        v.contiguous_(name, a)
+    read = v.reader(adapter.kind_of(q))
+    _qkv(q, k, v_, read(q), read(k), read(v_))
+
+
+def _qkv(q, k, v_, fq, fk, fv):
+    """qkv() on the arrays' facts (v.reader)."""
+    for name, a, f in (("q", q, fq), ("k", k, fk), ("v", v_, fv)):
+        if f[0] != adapter.BF16:
+            v.dtype(name, a, adapter.BF16)
+    shape = fq[1]
+    if len(shape) != 3 or shape[2] != HEAD_DIM or shape[1] < 1:
+        v.fail("q", f"shape {tuple(shape)}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
+    for name, f in (("k", fk), ("v", fv)):
+        if f[1] != shape and tuple(f[1]) != tuple(shape):
+            v.fail(name, f"shape {tuple(f[1])}", f"q's shape {tuple(shape)}")
+    for name, a, f in (("q", q, fq), ("k", k, fk), ("v", v_, fv)):
+        if not f[2]:
+            v.contiguous_(name, a)
 
 
 def softmax_scale(scale):
@@ -66,19 +82,22 @@ def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):
     name = "cu_seqlens_host"
     if cu_seqlens_host is None:
         name, cu_seqlens_host = "cu_seqlens", read_back()
+    elif type(cu_seqlens_host) in (list, tuple):  # the usual case: none of the probes below apply
+        pass
     elif adapter.kind_of(cu_seqlens_host) == "cupy" or getattr(cu_seqlens_host, "is_cuda", False):
         v.fail(name, f"a {adapter.kind_of(cu_seqlens_host)} device array", "a host sequence of ints", TypeError)
     elif hasattr(cu_seqlens_host, "tolist"):  # numpy array or CPU tensor
         cu_seqlens_host = cu_seqlens_host.tolist()
     try:
-        cu = tuple(int(c) for c in cu_seqlens_host)
+        cu = tuple(map(int, cu_seqlens_host))
     except (TypeError, ValueError):
         v.fail(name, type(cu_seqlens_host).__name__, "a sequence of ints", TypeError)
-    if len(cu) != cu_seqlens.shape[0]:
-        v.fail(name, f"{len(cu)} entries", f"{cu_seqlens.shape[0]}, as cu_seqlens")
+    entries = cu_seqlens.shape[0]
+    if len(cu) != entries:
+        v.fail(name, f"{len(cu)} entries", f"{entries}, as cu_seqlens")
     if cu[0] != 0:
         v.fail(name, f"first entry {cu[0]}", "0")
-    if any(b < a for a, b in zip(cu, cu[1:])):
+    if not all(map(operator.le, cu, cu[1:])):
         i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
         v.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
     if cu[-1] != tokens:
