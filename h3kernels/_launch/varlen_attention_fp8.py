@@ -97,7 +97,7 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
                                                           values))
     _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
     if n:
-        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_THREADS,
+        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
             (*vec(k, tokens * plane // 4, 8), *vec(v, tokens * plane // 4, 8), *_blocks_array(blocks, n),
              *vec(base + o_part, 2 * n * plane, 4), heads, n))
     if segments and tokens:
@@ -130,10 +130,10 @@ def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, 
     by s_v (f32 [segments, heads, 128] addresses), into k8, s_k and v8t (addresses)."""
     if n:
         vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
-        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
+        add("k_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n), *vec(k8, words, 4),
              *vec(s_k, n * heads, 4), heads))
-        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
+        add("v_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(v, words, 8), *vec(s_v, segments * plane, 4), *_blocks_array(blocks, n),
              *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 
