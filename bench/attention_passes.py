@@ -10,7 +10,8 @@ difference exits with status 1 after the timings.
 Each timed run queues its launches behind a spin kernel (testing.timing.occupy_gpu) long enough
 to cover their host work, so that a short pass is timed on the GPU, not at the host's launch rate.
 
-python bench/attention_passes.py [SET ...]      (bench_attention's set names; default 4x4096 1x16384)
+python bench/attention_passes.py [--bounds-ab] [SET ...]   (bench_attention's set names; default 4x4096 1x16384)
+  --bounds-ab: then again without numba_ptx.LAUNCH_BOUNDS (no register caps), in the same run
 """
 import statistics
 import sys
@@ -123,7 +124,7 @@ def check():
     return [name for name, ok in checks if not ok]
 
 
-def measure(name, lens):
+def measure(name, lens, label=""):
     q, k, v, cu, cu_host = make_attention_inputs(lens, HEADS, device="cuda", seed=0)
     p = Passes(q, k, v, cu, cu_host)
     moved = p.bytes_moved()
@@ -134,6 +135,7 @@ def measure(name, lens):
     together = gpu_ms(p.run, batch=5)
     copy_gbs, copy_ms = copy_bandwidth_gbs(total_bytes)
     gbs = lambda b, ms: b / (ms * 1e-3) / 1e9
+    name = name + label
     log(f"{name}: torch copy of {total_bytes / 1e6:.0f} MB: {copy_ms:.3f} ms, {copy_gbs:.0f} GB/s")
     rows = []
     for pname, ms in each.items():
@@ -147,14 +149,30 @@ def measure(name, lens):
     return rows, copy_gbs
 
 
+def drop_launch_bounds():
+    """Recompiles the Numba passes without register caps (the disk cache keys them apart)."""
+    from h3kernels._launch import numba_ptx
+    from h3kernels._runtime import compiler
+
+    numba_ptx.LAUNCH_BOUNDS.clear()
+    numba_ptx._ptx.clear()
+    compiler.clear_caches()
+
+
 def main():
-    names = sys.argv[1:] or ["4x4096", "1x16384"]
+    args = sys.argv[1:]
+    ab = "--bounds-ab" in args
+    names = [a for a in args if a != "--bounds-ab"] or ["4x4096", "1x16384"]
     log(f"{torch.cuda.get_device_name()}, heads {HEADS}")
     bad = check()
     log(f"bitwise against the reference on {CHECK_SET} x {HEADS} heads: "
         + ("all outputs equal" if not bad else "DIFFER: " + ", ".join(bad)))
     for name in names:
         measure(name, dict(SETS)[name])
+    if ab:
+        drop_launch_bounds()
+        for name in names:
+            measure(name, dict(SETS)[name], " (no launch bounds)")
     sys.exit(1 if bad else 0)
 
 

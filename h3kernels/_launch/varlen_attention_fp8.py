@@ -103,7 +103,7 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     if segments and tokens:
         mu, s_v = list(seg3), list(seg3)
         mu[4], s_v[4] = base + o_mu, base + o_sv
-        add("kv_segment_kernel", (segments, heads), HEAD_DIM,
+        add("kv_segment_kernel", (segments, heads), G.SEG_THREADS,
             (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
              0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
              *mu, *s_v))

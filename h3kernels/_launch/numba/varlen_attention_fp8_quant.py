@@ -30,7 +30,7 @@ from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401 (the one numbering)
 # module globals: Numba reads them as compile-time constants
 from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS, Q_ROWS_PER_CTA  # noqa: F401
-from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH  # noqa: F401
+from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH, SEG_BATCH, SEG_THREADS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_PARTS, Q_RED_COLS, Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
@@ -167,30 +167,33 @@ def _build():
     @cuda.jit
     def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
         """mu = RN(the segment's block sums added in block order / L) and s_v = RN(amax / 448),
-        f32 [segments, heads, 128] each. Grid (segments, heads), one thread per channel."""
-        seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-        a, b = cu[seg], cu[seg + 1]
-        total = float32(0.0)
-        amax = float32(0.0)
-        b0, b1 = block_offset[seg], block_offset[seg + 1]
-        pk = cuda.local.array(BATCH, float32)
-        pv = cuda.local.array(BATCH, float32)
-        for j0 in range(b0, b1, BATCH):  # a long segment has many blocks: BATCH loads in flight
-            for i in range(BATCH):
-                pk[i] = float32(0.0)
-                pv[i] = float32(0.0)
-                if j0 + i < b1:
-                    pk[i] = partials[0, j0 + i, h, c]
-                    pv[i] = partials[1, j0 + i, h, c]
-            for i in range(BATCH):
-                if j0 + i < b1:
-                    total = float32(total + pk[i])
-                amax = mx(amax, pv[i])
-        mean = float32(0.0)
-        if b > a:
-            mean = div_rn(total, float32(b - a))
-        mu[seg, h, c] = mean
-        s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
+        f32 [segments, heads, 128] each. Grid (segments, heads), SEG_THREADS threads: thread t
+        reads plane t // 128 of the partials (0: K sums, 1: V amaxes) for channel t % 128."""
+        seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
+        plane, c = t // uint64(HEAD_DIM), t % uint64(HEAD_DIM)
+        a, b = cu[seg], cu[seg + uint64(1)]
+        acc = float32(0.0)
+        b0, b1 = uint64(block_offset[seg]), uint64(block_offset[seg + uint64(1)])
+        part = cuda.local.array(SEG_BATCH, float32)
+        for j0 in range(b0, b1, uint64(SEG_BATCH)):  # a long segment has many blocks: SEG_BATCH loads in flight
+            for i in range(SEG_BATCH):
+                part[i] = float32(0.0)
+                if j0 + uint64(i) < b1:
+                    part[i] = partials[plane, j0 + uint64(i), h, c]
+            if plane == uint64(0):
+                for i in range(SEG_BATCH):
+                    if j0 + uint64(i) < b1:
+                        acc = float32(acc + part[i])
+            else:
+                for i in range(SEG_BATCH):
+                    acc = mx(acc, part[i])
+        if plane == uint64(0):
+            mean = float32(0.0)
+            if b > a:
+                mean = div_rn(acc, float32(b - a))
+            mu[seg, h, c] = mean
+        else:
+            s_v[seg, h, c] = div_rn(acc, float32(E4M3_MAX))
 
     @device_function
     def block_coords(blocks, heads, t, bid):
@@ -366,7 +369,7 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
         add("kv_block_kernel", kv_block, -(-n // KV_WARPS) * heads, KV_BLOCK_THREADS, quads(k), quads(v), blocks,
             flat(partials), h64, n64)
     if segments and tokens:
-        add("kv_segment_kernel", kv_segment, (segments, heads), HEAD_DIM, cu, block_offset, partials, mu, s_v)
+        add("kv_segment_kernel", kv_segment, (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
     if n:
         add("k_quant_kernel", kq, n * heads, QUANT_THREADS, quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)
         add("v_quant_kernel", vq, n * heads, QUANT_THREADS, quads(v), flat(s_v), blocks, words(v8t), h64, n64)
