@@ -135,7 +135,13 @@ def measure(name, lens, label=""):
     together = gpu_ms(p.run, batch=5)
     copy_gbs, copy_ms = copy_bandwidth_gbs(total_bytes)
     gbs = lambda b, ms: b / (ms * 1e-3) / 1e9
+    from h3kernels._launch import numba_ptx
+    from h3kernels._runtime.targets import device_cc
+
+    cc = device_cc(p.call.device_id)
+    capped = [k for k in ("q_kernel", "k_quant_kernel", "v_quant_kernel") if ".maxntid" in numba_ptx.ptx(k, cc)]
     name = name + label
+    log(f"{name}: launch bounds in the PTX of: {', '.join(capped) or 'none'}")
     log(f"{name}: torch copy of {total_bytes / 1e6:.0f} MB: {copy_ms:.3f} ms, {copy_gbs:.0f} GB/s")
     rows = []
     for pname, ms in each.items():
@@ -157,6 +163,9 @@ def drop_launch_bounds():
     numba_ptx.LAUNCH_BOUNDS.clear()
     numba_ptx._ptx.clear()
     compiler.clear_caches()
+    for loaded in (compiler._kernels, compiler._modules):  # keyed by ("numba", name, cc), not by the PTX
+        for key in [key for key in loaded if isinstance(key[0], tuple) and key[0][0] == "numba"]:
+            del loaded[key]
 
 
 def main():
