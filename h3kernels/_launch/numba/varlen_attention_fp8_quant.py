@@ -29,8 +29,9 @@ from numba import cuda, float32, uint32, uint64  # module level: the simulator s
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401 (the one numbering)
 # module globals: Numba reads them as compile-time constants
-from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS, Q_ROWS_PER_CTA  # noqa: F401
-from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH, SEG_BATCH, SEG_THREADS  # noqa: F401
+from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS  # noqa: F401
+from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH  # noqa: F401
+from h3kernels._launch.numba.geometry import Q_ROWS_PER_CTA, SEG_BATCH, SEG_THREADS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_PARTS, Q_RED_COLS, Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
@@ -44,8 +45,8 @@ def _build():
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
-    # Q and V divide bf16 values by their own amax / 448; the scale varies per row or channel, so
-    # the range test goes with every quotient (a per-row or per-channel branch: no divergence)
+    # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row; V's
+    # scale varies per channel, so there the test goes with every quotient (no divergence)
     quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
     key_at = device_function(v_key_at)
 
@@ -175,7 +176,7 @@ def _build():
         acc = float32(0.0)
         b0, b1 = uint64(block_offset[seg]), uint64(block_offset[seg + uint64(1)])
         part = cuda.local.array(SEG_BATCH, float32)
-        for j0 in range(b0, b1, uint64(SEG_BATCH)):  # a long segment has many blocks: SEG_BATCH loads in flight
+        for j0 in range(b0, b1, uint64(SEG_BATCH)):  # a long segment has many blocks: loads in flight
             for i in range(SEG_BATCH):
                 part[i] = float32(0.0)
                 if j0 + uint64(i) < b1:
@@ -198,8 +199,8 @@ def _build():
     @device_function
     def block_coords(blocks, heads, t, bid):
         """Where thread t of K/V quantizer CTA bid works: (warp w, head, key block, keys in the
-        block, the quad stride between w's keys w, w + QUANT_WARPS, ..., the quad of its lane's four channels
-        at key w, and the index of those channels in a [segments, heads, 128] array)."""
+        block, the quad stride between w's keys w, w + QUANT_WARPS, ..., the quad of its lane's
+        four channels at key w, and the index of those channels in a [segments, heads, 128] array)."""
         lane, w = t % uint64(32), t // uint64(32)
         h, blk = bid % heads, bid // heads
         seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
@@ -209,8 +210,8 @@ def _build():
 
     @device_function
     def load_keys(src, quads, at, step, w, count):
-        """quads[i] = the lane's bf16 quad of key w + QUANT_WARPS i of the block (0 past its end): all loads
-        issued before any is used, and held in registers."""
+        """quads[i] = the lane's bf16 quad of key w + QUANT_WARPS i of the block (0 past its end):
+        all loads issued before any is used, and held in registers."""
         for i in range(KEYS_PER_WARP):
             quads[i] = uint64(0)
             if w + uint64(QUANT_WARPS * i) < count:
