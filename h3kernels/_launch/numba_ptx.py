@@ -14,6 +14,7 @@ import re
 import threading
 from pathlib import Path
 
+from h3kernels._launch.numba import geometry as G
 from h3kernels._runtime import compiler
 
 # kernel -> (module under h3kernels/_launch/numba, index in its kernels() tuple or None for
@@ -30,6 +31,11 @@ SIGNATURES = {
     "k_quant_kernel": ("varlen_attention_fp8_quant", 3, (_U64_1, _F32_1, _I64_2, _U32_1, _F32_1, "uint64")),
     "v_quant_kernel": ("varlen_attention_fp8_quant", 4, (_U64_1, _F32_1, _I64_2, _U32_1, "uint64", "uint64")),
 }
+# (threads per CTA, CTAs per SM) for ptxas (.maxntid, .minnctapersm): a register cap that fits
+# that many CTAs. The passes are bound by loads in flight per SM; each cap was checked to leave at
+# most a few spilled words (ptxas -v on sm_90).
+LAUNCH_BOUNDS = {"q_kernel": (G.Q_THREADS, 5), "k_quant_kernel": (G.QUANT_THREADS, 4),
+                 "v_quant_kernel": (G.QUANT_THREADS, 4)}
 _SCALAR_PARAM = {"int64": "i64", "uint64": "u64", "int32": "i32", "uint32": "u32", "float32": "f32"}
 _ITEMSIZE = {"uint64": 8, "int64": 8, "uint32": 4, "int32": 4, "float32": 4, "uint16": 2, "uint8": 1}
 _ENTRY = re.compile(r"\.entry\s+(\S+)\s*\(")
@@ -80,7 +86,7 @@ def cache_key(name, cc):
     except metadata.PackageNotFoundError:
         version = "numba-cuda ?"
     h = hashlib.sha256()
-    for part in (version, name, repr(SIGNATURES[name]), repr(tuple(cc)), *_sources()):
+    for part in (version, name, repr(SIGNATURES[name]), repr(LAUNCH_BOUNDS.get(name)), repr(tuple(cc)), *_sources()):
         h.update(repr(part).encode())
     return h.hexdigest()[:32]
 
@@ -120,7 +126,7 @@ def compile_ptx(name, cc):
         saved = dispatcher.get_current_device
         dispatcher.get_current_device = lambda: type("Device", (), {"compute_capability": tuple(cc)})()
         try:
-            text, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
+            text, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc), launch_bounds=LAUNCH_BOUNDS.get(name))
         finally:
             dispatcher.get_current_device = saved
     return text

@@ -105,13 +105,13 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     add = lambda *launch: out.append(launch)  # noqa: E731
     _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
     if n:
-        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_THREADS,
+        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
             (*vec(k, tokens * plane // 4, 8), *vec(v, tokens * plane // 4, 8), *_blocks_array(blocks, n),
              *vec(base + o_part, 2 * n * plane, 4), heads, n))
     if segments and tokens:
         mu, s_v = list(seg3), list(seg3)
         mu[4], s_v[4] = base + o_mu, base + o_sv
-        add("kv_segment_kernel", (segments, heads), HEAD_DIM,
+        add("kv_segment_kernel", (segments, heads), G.SEG_THREADS,
             (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
              0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
              *mu, *s_v))
@@ -138,10 +138,10 @@ def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, 
     by s_v (f32 [segments, heads, 128] addresses), into k8, s_k and v8t (addresses)."""
     if n:
         vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
-        add("k_quant_kernel", (n * heads, 1), G.KV_THREADS,
+        add("k_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n), *vec(k8, words, 4),
              *vec(s_k, n * heads, 4), heads))
-        add("v_quant_kernel", (n * heads, 1), G.KV_THREADS,
+        add("v_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(v, words, 8), *vec(s_v, segments * plane, 4), *_blocks_array(blocks, n),
              *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 

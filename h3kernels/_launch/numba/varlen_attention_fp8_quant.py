@@ -29,8 +29,10 @@ from numba import cuda, float32, uint32, uint64  # module level: the simulator s
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401 (the one numbering)
 # module globals: Numba reads them as compile-time constants
-from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_THREADS, KV_WARPS, Q_ROWS_PER_CTA  # noqa: F401
-from h3kernels._launch.numba.geometry import Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
+from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS  # noqa: F401
+from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH  # noqa: F401
+from h3kernels._launch.numba.geometry import Q_ROWS_PER_CTA, SEG_BATCH, SEG_THREADS  # noqa: F401
+from h3kernels._launch.numba.geometry import Q_PARTS, Q_RED_COLS, Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
 _kernels = None
@@ -43,9 +45,9 @@ def _build():
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
-    # Q and V divide bf16 values by their own amax / 448; the scale varies per row or channel, so
-    # the range test goes with every quotient (a per-row or per-channel branch: no divergence)
-    _, quotient_or_div, _ = make_quotient(p.fma_rn, div_rn)
+    # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row; V's
+    # scale varies per channel, so there the test goes with every quotient (no divergence)
+    quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
     key_at = device_function(v_key_at)
 
     @cuda.jit
@@ -56,7 +58,8 @@ def _build():
         t = uint64(cuda.threadIdx.x)
         lane, w = t % uint64(32), t // uint64(32)
         base = uint64(cuda.blockIdx.x) * uint64(Q_ROWS_PER_CTA) + w * uint64(Q_ROWS_PER_WARP)
-        red = cuda.shared.array((Q_ROWS_PER_CTA, 32), float32)
+        red = cuda.shared.array((Q_ROWS_PER_CTA, Q_RED_COLS), float32)
+        part = cuda.shared.array((Q_ROWS_PER_CTA, Q_PARTS), float32)
         words = cuda.local.array(Q_WORDS, uint32)
         for i in range(Q_ROWS_PER_WARP):
             quad = uint64(0)
@@ -68,24 +71,33 @@ def _build():
             red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), lane] = mx(mx(abs(lo(w0)), abs(hi(w0))),
                                                                    mx(abs(lo(w1)), abs(hi(w1))))
         cuda.syncthreads()
-        width = uint64(16)
-        while width > uint64(0):  # shared-memory trees per row: the simulator has no warp shuffles
-            if lane < width:
-                for i in range(Q_ROWS_PER_WARP):
-                    r = w * uint64(Q_ROWS_PER_WARP) + uint64(i)
-                    red[r, lane] = mx(red[r, lane], red[r, lane + width])
-            cuda.syncthreads()
-            width //= uint64(2)
+        # two steps per row, not a five-level tree (the simulator has no warp shuffles): lane l
+        # takes the max of part l % Q_PARTS of the warp's row l // Q_PARTS (rows 33 words apart:
+        # no bank conflicts), then every lane reads its rows' Q_PARTS maxima
+        r = w * uint64(Q_ROWS_PER_WARP) + lane // uint64(Q_PARTS)
+        c0 = (lane % uint64(Q_PARTS)) * uint64(32 // Q_PARTS)
+        m = red[r, c0]
+        for j in range(1, 32 // Q_PARTS):
+            m = mx(m, red[r, c0 + uint64(j)])
+        part[r, lane % uint64(Q_PARTS)] = m
+        cuda.syncthreads()
         for i in range(Q_ROWS_PER_WARP):
             row = base + uint64(i)
             if row < rows:
-                s = div_rn(red[w * uint64(Q_ROWS_PER_WARP) + uint64(i), uint64(0)], float32(E4M3_MAX))
+                r = w * uint64(Q_ROWS_PER_WARP) + uint64(i)
+                amax = part[r, uint64(0)]
+                for j in range(1, Q_PARTS):
+                    amax = mx(amax, part[r, uint64(j)])
+                s = div_rn(amax, float32(E4M3_MAX))
                 out = uint32(0)
-                if s > float32(0.0):
+                w0, w1 = words[2 * i], words[2 * i + 1]
+                if in_range(s):  # one range test per row, then the division-free quotients
                     inv = div_rn(float32(1.0), s)
-                    w0, w1 = words[2 * i], words[2 * i + 1]
-                    out = uint32(e4m3x2(quotient_or_div(lo(w0), s, inv), quotient_or_div(hi(w0), s, inv))
-                                 | (e4m3x2(quotient_or_div(lo(w1), s, inv), quotient_or_div(hi(w1), s, inv)) << 16))
+                    out = uint32(e4m3x2(quotient(lo(w0), s, inv), quotient(hi(w0), s, inv))
+                                 | (e4m3x2(quotient(lo(w1), s, inv), quotient(hi(w1), s, inv)) << 16))
+                elif s > float32(0.0):
+                    out = uint32(e4m3x2(div_rn(lo(w0), s), div_rn(hi(w0), s))
+                                 | (e4m3x2(div_rn(lo(w1), s), div_rn(hi(w1), s)) << 16))
                 q8[row * uint64(32) + lane] = out
                 if lane == uint64(0):
                     s_q[row] = s
@@ -104,126 +116,141 @@ def _build():
             return s
         return float32(1.0)
 
+    @device_function
+    def load_batch(src, quads, at, step, t0, count):
+        """quads[i] = the quad at `at` of key t0 + i (0 past `count`): all BATCH loads issued
+        before any is used."""
+        for i in range(BATCH):
+            quads[i] = uint64(0)
+            if t0 + uint64(i) < count:
+                quads[i] = src[at + (t0 + uint64(i)) * step]
+
     @cuda.jit
     def kv_block_kernel(k, v, blocks, partials, heads, n):
         """Per 128-key block: partials[0] = its keys of k added in token order, partials[1] =
         amax |v| over them (f32 [2 * n * heads * 128]). k, v: uint64 [tokens * heads * 32] (bf16
-        quads). CTA c: head c % heads, blocks 4 (c // heads) + warp; lane l holds channels
-        4l .. 4l + 3, whose sums must run in token order, so a warp walks its block's keys in
-        order with BATCH loads in flight. Heads fastest: the CTAs in flight read whole token rows."""
+        quads). CTA c: head c % heads, blocks 4 (c // heads) + w % 4; warps 0-3 add K, warps 4-7
+        take V's amax (one tensor per warp: half the registers of a lane that holds both, so
+        twice the warps per SM to hide the loads). Lane l holds channels 4l .. 4l + 3, whose sums
+        must run in token order, so a warp walks its block's keys in order with BATCH loads in
+        flight. Heads fastest: the CTAs in flight read whole token rows."""
         t = uint64(cuda.threadIdx.x)
         lane, w = t % uint64(32), t // uint64(32)
         bid = uint64(cuda.blockIdx.x)
         h = bid % heads
-        blk = (bid // heads) * uint64(KV_WARPS) + w
+        blk = (bid // heads) * uint64(KV_WARPS) + w % uint64(KV_WARPS)
         if blk < n:
             first, count = uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
             step = heads * uint64(32)
             at = (first * heads + h) * uint64(32) + lane
-            kq = cuda.local.array(BATCH, uint64)
-            vq = cuda.local.array(BATCH, uint64)
-            t0_, t1_, t2_, t3_ = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-            a0_, a1_, a2_, a3_ = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
-            for t0 in range(uint64(0), count, uint64(BATCH)):
-                for i in range(BATCH):  # loads first, so BATCH of them are in flight
-                    kq[i] = uint64(0)
-                    vq[i] = uint64(0)
-                    if t0 + uint64(i) < count:
-                        kq[i] = k[at + (t0 + uint64(i)) * step]
-                        vq[i] = v[at + (t0 + uint64(i)) * step]
-                for i in range(BATCH):
-                    if t0 + uint64(i) < count:
-                        k0, k1 = word(kq[i], 0), word(kq[i], 1)
-                        v0, v1 = word(vq[i], 0), word(vq[i], 1)
-                        t0_, t1_ = float32(t0_ + lo(k0)), float32(t1_ + hi(k0))
-                        t2_, t3_ = float32(t2_ + lo(k1)), float32(t3_ + hi(k1))
-                        a0_, a1_ = mx(a0_, abs(lo(v0))), mx(a1_, abs(hi(v0)))
-                        a2_, a3_ = mx(a2_, abs(lo(v1))), mx(a3_, abs(hi(v1)))
+            quads = cuda.local.array(BATCH, uint64)
+            r0, r1, r2, r3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
             out = (blk * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
-            plane = n * heads * uint64(HEAD_DIM)
-            partials[out], partials[out + uint64(1)] = t0_, t1_
-            partials[out + uint64(2)], partials[out + uint64(3)] = t2_, t3_
-            partials[plane + out], partials[plane + out + uint64(1)] = a0_, a1_
-            partials[plane + out + uint64(2)], partials[plane + out + uint64(3)] = a2_, a3_
+            if w < uint64(KV_WARPS):
+                for t0 in range(uint64(0), count, uint64(BATCH)):
+                    load_batch(k, quads, at, step, t0, count)
+                    for i in range(BATCH):
+                        if t0 + uint64(i) < count:
+                            k0, k1 = word(quads[i], 0), word(quads[i], 1)
+                            r0, r1 = float32(r0 + lo(k0)), float32(r1 + hi(k0))
+                            r2, r3 = float32(r2 + lo(k1)), float32(r3 + hi(k1))
+            else:
+                for t0 in range(uint64(0), count, uint64(BATCH)):
+                    load_batch(v, quads, at, step, t0, count)
+                    for i in range(BATCH):  # the zero quads past `count` leave an amax as it is
+                        v0, v1 = word(quads[i], 0), word(quads[i], 1)
+                        r0, r1 = mx(r0, abs(lo(v0))), mx(r1, abs(hi(v0)))
+                        r2, r3 = mx(r2, abs(lo(v1))), mx(r3, abs(hi(v1)))
+                out += n * heads * uint64(HEAD_DIM)  # the amax plane
+            partials[out], partials[out + uint64(1)] = r0, r1
+            partials[out + uint64(2)], partials[out + uint64(3)] = r2, r3
 
     @cuda.jit
     def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
         """mu = RN(the segment's block sums added in block order / L) and s_v = RN(amax / 448),
-        f32 [segments, heads, 128] each. Grid (segments, heads), one thread per channel."""
-        seg, h, c = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-        a, b = cu[seg], cu[seg + 1]
-        total = float32(0.0)
-        amax = float32(0.0)
-        b0, b1 = block_offset[seg], block_offset[seg + 1]
-        pk = cuda.local.array(BATCH, float32)
-        pv = cuda.local.array(BATCH, float32)
-        for j0 in range(b0, b1, BATCH):  # a long segment has many blocks: BATCH loads in flight
-            for i in range(BATCH):
-                pk[i] = float32(0.0)
-                pv[i] = float32(0.0)
-                if j0 + i < b1:
-                    pk[i] = partials[0, j0 + i, h, c]
-                    pv[i] = partials[1, j0 + i, h, c]
-            for i in range(BATCH):
-                if j0 + i < b1:
-                    total = float32(total + pk[i])
-                amax = mx(amax, pv[i])
-        mean = float32(0.0)
-        if b > a:
-            mean = div_rn(total, float32(b - a))
-        mu[seg, h, c] = mean
-        s_v[seg, h, c] = div_rn(amax, float32(E4M3_MAX))
+        f32 [segments, heads, 128] each. Grid (segments, heads), SEG_THREADS threads: thread t
+        reads plane t // 128 of the partials (0: K sums, 1: V amaxes) for channel t % 128."""
+        seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
+        plane, c = t // uint64(HEAD_DIM), t % uint64(HEAD_DIM)
+        a, b = cu[seg], cu[seg + uint64(1)]
+        acc = float32(0.0)
+        b0, b1 = uint64(block_offset[seg]), uint64(block_offset[seg + uint64(1)])
+        part = cuda.local.array(SEG_BATCH, float32)
+        for j0 in range(b0, b1, uint64(SEG_BATCH)):  # a long segment has many blocks: loads in flight
+            for i in range(SEG_BATCH):
+                part[i] = float32(0.0)
+                if j0 + uint64(i) < b1:
+                    part[i] = partials[plane, j0 + uint64(i), h, c]
+            if plane == uint64(0):
+                for i in range(SEG_BATCH):
+                    if j0 + uint64(i) < b1:
+                        acc = float32(acc + part[i])
+            else:
+                for i in range(SEG_BATCH):
+                    acc = mx(acc, part[i])
+        if plane == uint64(0):
+            mean = float32(0.0)
+            if b > a:
+                mean = div_rn(acc, float32(b - a))
+            mu[seg, h, c] = mean
+        else:
+            s_v[seg, h, c] = div_rn(acc, float32(E4M3_MAX))
 
     @device_function
     def block_coords(blocks, heads, t, bid):
         """Where thread t of K/V quantizer CTA bid works: (warp w, head, key block, keys in the
-        block, the quad stride between w's keys w, w + 4, ..., the quad of its lane's four channels
-        at key w, and the index of those channels in a [segments, heads, 128] array)."""
+        block, the quad stride between w's keys w, w + QUANT_WARPS, ..., the quad of its lane's
+        four channels at key w, and the index of those channels in a [segments, heads, 128] array)."""
         lane, w = t % uint64(32), t // uint64(32)
         h, blk = bid % heads, bid // heads
         seg, first, count = uint64(blocks[blk, 0]), uint64(blocks[blk, 1]), uint64(blocks[blk, 2])
         at = ((first + w) * heads + h) * uint64(32) + lane
         channels = (seg * heads + h) * uint64(HEAD_DIM) + uint64(4) * lane
-        return w, h, blk, count, heads * uint64(32 * KV_WARPS), at, channels
+        return w, h, blk, count, heads * uint64(32 * QUANT_WARPS), at, channels
 
     @device_function
     def load_keys(src, quads, at, step, w, count):
-        """quads[i] = the lane's bf16 quad of key w + 4i of the block (0 past its end): all loads
-        issued before any is used, and held in registers."""
+        """quads[i] = the lane's bf16 quad of key w + QUANT_WARPS i of the block (0 past its end):
+        all loads issued before any is used, and held in registers."""
         for i in range(KEYS_PER_WARP):
             quads[i] = uint64(0)
-            if w + uint64(KV_WARPS * i) < count:
+            if w + uint64(QUANT_WARPS * i) < count:
                 quads[i] = src[at + uint64(i) * step]
 
     @cuda.jit
     def k_quant_kernel(k, mu, blocks, k8, s_k, heads):
         """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
         int64 [n, 3] (segment, first key, keys); k8: uint32 [tokens * heads * 32] (e4m3 quads);
-        s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys w, w + 4,
+        s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys w, w + 8,
         ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
         t = uint64(cuda.threadIdx.x)
-        red = cuda.shared.array(KV_THREADS, float32)
+        red = cuda.shared.array(RED_SIZE, float32)
         kq = cuda.local.array(KEYS_PER_WARP, uint64)
         w, h, blk, count, step, at, mi = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
         m0, m1, m2, m3 = mu[mi], mu[mi + uint64(1)], mu[mi + uint64(2)], mu[mi + uint64(3)]
         load_keys(k, kq, at, step, w, count)
         amax = float32(0.0)
         for i in range(KEYS_PER_WARP):
-            if w + uint64(KV_WARPS * i) < count:
+            if w + uint64(QUANT_WARPS * i) < count:
                 k0, k1 = word(kq[i], 0), word(kq[i], 1)
                 amax = mx(mx(amax, mx(abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)))),
                           mx(abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3))))
+        # the block's amax in two barriers: RED_GROUPS threads take RED_WIDTH values each, then
+        # every thread those maxima (a max is the same in any order)
         red[t] = amax
         cuda.syncthreads()
-        half = uint64(KV_THREADS // 2)
-        while half > uint64(0):
-            if t < half:
-                red[t] = mx(red[t], red[t + half])
-            cuda.syncthreads()
-            half //= uint64(2)
-        s = div_rn(red[0], float32(E4M3_MAX))
+        if t < uint64(RED_GROUPS):
+            m = red[t * uint64(RED_WIDTH)]
+            for j in range(1, RED_WIDTH):
+                m = mx(m, red[t * uint64(RED_WIDTH) + uint64(j)])
+            red[uint64(QUANT_THREADS) + t] = m
+        cuda.syncthreads()
+        amax = red[uint64(QUANT_THREADS)]
+        for j in range(1, RED_GROUPS):
+            amax = mx(amax, red[uint64(QUANT_THREADS + j)])
+        s = div_rn(amax, float32(E4M3_MAX))
         for i in range(KEYS_PER_WARP):
-            if w + uint64(KV_WARPS * i) < count:
+            if w + uint64(QUANT_WARPS * i) < count:
                 out = uint32(0)
                 if s > float32(0.0):  # k' is no bf16 value: exact divisions
                     k0, k1 = word(kq[i], 0), word(kq[i], 1)
@@ -238,9 +265,10 @@ def _build():
     def v_quant_kernel(v, s_v, blocks, v8t, heads, n):
         """v: uint64 [tokens * heads * 32] (bf16 quads); s_v: f32 [segments * heads * 128]; v8t:
         uint32 [heads * 128 * n * 32], the module docstring's layout in 4-byte words. CTA c: block
-        c // heads, head c % heads. Warp w first quantizes keys w, w + 4, ... (lane l: channels
-        4l .. 4l + 3) into a shared tile, then writes channel rows w, w + 4, ..., lane l the four
-        columns 4l .. 4l + 3 (keys v_key_at(column)) as one word: 128-byte coalesced rows."""
+        c // heads, head c % heads. Warp w first quantizes keys w, w + 8, ... (lane l: channels
+        4l .. 4l + 3) into a shared tile, then writes the channel rows of channel quads w, w + 8,
+        ..., lane l the four columns 4l .. 4l + 3 (keys v_key_at(column)) as one word: 128-byte
+        coalesced rows, four from each four tile words a lane reads."""
         t = uint64(cuda.threadIdx.x)
         lane = t % uint64(32)
         tile = cuda.shared.array((K_BLOCK, TILE_WORDS), uint32)
@@ -256,22 +284,27 @@ def _build():
         load_keys(v, vq, at, step, w, count)
         for i in range(KEYS_PER_WARP):
             codes = uint32(0)
-            if w + uint64(KV_WARPS * i) < count:
+            if w + uint64(QUANT_WARPS * i) < count:
                 v0, v1 = word(vq[i], 0), word(vq[i], 1)
                 codes = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
                                      | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
                                         << 16))
-            tile[w + uint64(KV_WARPS * i), lane] = codes
+            tile[w + uint64(QUANT_WARPS * i), lane] = codes
         cuda.syncthreads()
+        # lane l's output columns 4l .. 4l + 3 hold keys key_at(4l + b); one tile word holds four
+        # channels of a key, so four words give the lane's word of four channel rows
         col = uint64(4) * lane
+        k0, k1, k2, k3 = key_at(col), key_at(col + uint64(1)), key_at(col + uint64(2)), key_at(col + uint64(3))
         row_words = n * uint64(K_BLOCK // 4)
-        for r in range(HEAD_DIM // KV_WARPS):
-            c = w + uint64(KV_WARPS * r)
-            codes = uint32(0)
-            for b in range(4):
-                byte = (tile[key_at(col + uint64(b)), c >> uint64(2)] >> uint32(8 * (c & uint64(3)))) & uint32(0xFF)
-                codes |= byte << uint32(8 * b)
-            v8t[(h * uint64(HEAD_DIM) + c) * row_words + blk * uint64(K_BLOCK // 4) + lane] = codes
+        at = h * uint64(HEAD_DIM) * row_words + blk * uint64(K_BLOCK // 4) + lane
+        for r in range(HEAD_DIM // (4 * QUANT_WARPS)):
+            g = w + uint64(QUANT_WARPS * r)  # channels 4g .. 4g + 3
+            x0, x1, x2, x3 = tile[k0, g], tile[k1, g], tile[k2, g], tile[k3, g]
+            for j in range(4):
+                sh = uint32(8 * j)
+                codes = (((x0 >> sh) & uint32(0xFF)) | (((x1 >> sh) & uint32(0xFF)) << uint32(8))
+                         | (((x2 >> sh) & uint32(0xFF)) << uint32(16)) | (((x3 >> sh) & uint32(0xFF)) << uint32(24)))
+                v8t[at + (uint64(4) * g + uint64(j)) * row_words] = codes
 
     return q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel
 
@@ -334,11 +367,11 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     if tokens:
         add("q_kernel", qk, -(-rows // Q_ROWS_PER_CTA), Q_THREADS, quads(q), words(q8), flat(s_q), np.uint64(rows))
     if n:
-        add("kv_block_kernel", kv_block, -(-n // KV_WARPS) * heads, KV_THREADS, quads(k), quads(v), blocks,
+        add("kv_block_kernel", kv_block, -(-n // KV_WARPS) * heads, KV_BLOCK_THREADS, quads(k), quads(v), blocks,
             flat(partials), h64, n64)
     if segments and tokens:
-        add("kv_segment_kernel", kv_segment, (segments, heads), HEAD_DIM, cu, block_offset, partials, mu, s_v)
+        add("kv_segment_kernel", kv_segment, (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
     if n:
-        add("k_quant_kernel", kq, n * heads, KV_THREADS, quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)
-        add("v_quant_kernel", vq, n * heads, KV_THREADS, quads(v), flat(s_v), blocks, words(v8t), h64, n64)
+        add("k_quant_kernel", kq, n * heads, QUANT_THREADS, quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)
+        add("v_quant_kernel", vq, n * heads, QUANT_THREADS, quads(v), flat(s_v), blocks, words(v8t), h64, n64)
     return out
