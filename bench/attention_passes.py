@@ -45,7 +45,7 @@ class Passes:
         self.tokens, self.heads = int(q.shape[0]), int(q.shape[1])
         self.segments = len(self.cu_host) - 1
         dev = q.device
-        _, block_offset, blocks = (torch.from_numpy(a.copy()).to(dev) for a in plan_arrays(self.cu_host, self.heads))
+        _, block_offset, blocks = (torch.from_numpy(a.copy()).to(dev) for a in plan_arrays(self.cu_host, self.heads)[:3])
         self.n = int(blocks.shape[0])
         self.parts, nbytes = launch.layout(self.tokens, self.heads, self.segments, self.n)
         self.mem = torch.empty(nbytes, dtype=torch.uint8, device=dev)
