@@ -107,38 +107,16 @@ class _Nvrtc:
 
     def compile(self, text, name, headers, options):
         """Returns (cubin bytes, log); raises CompileError with the log on failure."""
-        if self._cupy is not None:
-            nv = self._cupy
-            prog = nv.createProgram(text, name, [h.encode() for h in headers.values()],
-                                    [h.encode() for h in headers])
-            try:
-                try:
-                    nv.compileProgram(prog, list(options))
-                except nv.NVRTCError as err:
-                    raise CompileError(f"{name}: {err}\n{nv.getProgramLog(prog)}") from None
-                return nv.getCUBIN(prog), nv.getProgramLog(prog)
-            finally:
-                nv.destroyProgram(prog)
-        nv = self._cb
-        enc = [h.encode() for h in headers.values()], [h.encode() for h in headers]
-        err, prog = nv.nvrtcCreateProgram(text.encode(), name.encode(), len(headers), *enc)
-        opts = [o.encode() for o in options]
-        (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-        _, size = nv.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nv.nvrtcGetProgramLog(prog, log)
-        log = log.rstrip(b"\0 ").decode(errors="replace")
-        if err != nv.nvrtcResult.NVRTC_SUCCESS:
-            nv.nvrtcDestroyProgram(prog)
-            raise CompileError(f"{name}: {err}\n{log}")
-        _, size = nv.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
-        nv.nvrtcGetCUBIN(prog, cubin)
-        nv.nvrtcDestroyProgram(prog)
-        return cubin, log
+        return self._build(text, name, headers, options, "CUBIN")
 
     def ptx(self, text, name, headers, options):
         """The PTX of a compute_XX build; raises CompileError with the log on failure."""
+        ptx, _ = self._build(text, name, headers, options, "PTX")
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        return ptx.rstrip("\0 ")
+
+    def _build(self, text, name, headers, options, output):
+        """(the program's CUBIN or PTX, log) from one NVRTC program, destroyed afterwards."""
         if self._cupy is not None:
             nv = self._cupy
             prog = nv.createProgram(text, name, [h.encode() for h in headers.values()],
@@ -148,8 +126,7 @@ class _Nvrtc:
                     nv.compileProgram(prog, list(options))
                 except nv.NVRTCError as err:
                     raise CompileError(f"{name}: {err}\n{nv.getProgramLog(prog)}") from None
-                ptx = nv.getPTX(prog)
-                return ptx.decode() if isinstance(ptx, bytes) else ptx
+                return getattr(nv, f"get{output}")(prog), nv.getProgramLog(prog)
             finally:
                 nv.destroyProgram(prog)
         nv = self._cb
@@ -158,15 +135,16 @@ class _Nvrtc:
         opts = [o.encode() for o in options]
         try:
             (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+            _, size = nv.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nv.nvrtcGetProgramLog(prog, log)
+            log = log.rstrip(b"\0 ").decode(errors="replace")
             if err != nv.nvrtcResult.NVRTC_SUCCESS:
-                _, size = nv.nvrtcGetProgramLogSize(prog)
-                log = b" " * size
-                nv.nvrtcGetProgramLog(prog, log)
-                raise CompileError(f"{name}: {err}\n{log.rstrip(b' ').decode(errors='replace')}")
-            _, size = nv.nvrtcGetPTXSize(prog)
-            ptx = b" " * size
-            nv.nvrtcGetPTX(prog, ptx)
-            return ptx.rstrip(b"\0 ").decode()
+                raise CompileError(f"{name}: {err}\n{log}")
+            _, size = getattr(nv, f"nvrtcGet{output}Size")(prog)
+            image = b" " * size
+            getattr(nv, f"nvrtcGet{output}")(prog, image)
+            return image, log
         finally:
             nv.nvrtcDestroyProgram(prog)
 
