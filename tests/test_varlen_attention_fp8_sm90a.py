@@ -138,7 +138,7 @@ def test_varlen_sm90a_p_registers_times_permuted_v_is_p_times_v():
 
 # --- form selection ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 3), ("sm_90", 3, 3), ("sm_90", 0, 0),
+@pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
                                                  ("sm_120a", 0, 0), ("sm_89", -1, 0)])
 def test_varlen_form_selection(monkeypatch, arch, requested, want):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
@@ -187,6 +187,19 @@ def check3(seqlens, heads, seed, k_offset=0.0):
     torch.cuda.synchronize()
     misses = attention_misses(got, q, k, v, cu)
     assert not misses, misses
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.xfail(strict=True, reason="form 3's S sums in the FP8 tensor cores move some P across an e4m3 step of "
+                                       "the reference's grid: 0.0054 where one-block segments are held to 0.005 "
+                                       "(docs/hopper.md); why it is opt-in")
+def test_varlen_sm90a_one_block_segment_keeps_the_reference_p_grid_bound():
+    # the case the GPU fuzz test found (seed 0 of the generator, no host copy of cu_seqlens)
+    q, k, v, cu_dev, cu = make_attention_inputs([64], 1, device="cuda", seed=0)
+    out = run3(q, k, v, cu_dev, None)
+    torch.cuda.synchronize()
+    assert not attention_misses(out, q, k, v, cu)
 
 
 @pytest.mark.gpu
