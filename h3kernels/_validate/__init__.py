@@ -71,16 +71,7 @@ def dtype(name, a, want):
 
 def array(name, a, dtype_, shape, contiguous=True):
     """An array of the contract dtype `dtype_` and exactly `shape` (a tuple)."""
-    # torch tensors read directly: this runs for most arguments of every call
-    torch_kind = (_kinds.get(type(a)) or adapter.kind_of(a)) == "torch"
-    got = (_torch_dtype_names or adapter._torch_dtypes()).get(a.dtype) if torch_kind else adapter.logical_dtype(a)
-    if got != dtype_:
-        _bad_dtype(name, a, dtype_)
-    got = a.shape  # torch.Size or tuple: either compares equal to a tuple of the same ints
-    if got != shape and tuple(got) != tuple(shape):
-        _bad_shape(name, got, shape)
-    if contiguous and not (a.is_contiguous() if torch_kind else a.flags.c_contiguous):
-        _not_contiguous(name, a)
+    array_of(name, a, facts(a), dtype_, shape, contiguous)
 
 
 def contiguous_(name, a):
@@ -96,14 +87,12 @@ def is_contiguous(a):
 
 def table(name, a, cols):
     """A [rows, cols] bf16 table view: unit column stride, 16-byte-aligned base and row pitch."""
-    table_of(name, a, (adapter.logical_dtype(a), a.shape, None, None), cols)  # the address read last
+    table_of(name, a, facts(a), cols)
 
 
 def aligned(name, a, nbytes):
     """The kernels read whole 4-, 8- or 16-byte words: the base address must allow it."""
-    ptr = a.data_ptr() if _kinds.get(type(a)) == "torch" else adapter.data_ptr(a)
-    if ptr % nbytes:
-        _misaligned(name, ptr, nbytes)
+    aligned_of(name, facts(a), nbytes)
 
 
 # The same checks on an array's facts, read once per call by reader(kind) (after `arrays`, so the
@@ -122,6 +111,11 @@ def _cupy_facts(a):
 def reader(kind):
     """The function that reads an array's facts, for arrays of `kind` ('torch' or 'cupy')."""
     return _torch_facts if kind == "torch" else _cupy_facts
+
+
+def facts(a):
+    """a's facts, for a torch tensor or CuPy array checked on its own."""
+    return reader(adapter.kind_of(a))(a)
 
 
 def array_of(name, a, facts, dtype_, shape, contiguous=True):
@@ -147,7 +141,7 @@ def table_of(name, a, facts, cols):
         fail(name, f"column stride {cs}", "column stride 1")
     if (rs * 2) % 16 or rs < cols:
         fail(name, f"row pitch {rs * 2} bytes", "a row pitch that is a multiple of 16 bytes, >= one row")
-    ptr = facts[3] if facts[3] is not None else adapter.data_ptr(a)
+    ptr = facts[3]
     if ptr % 16:
         fail(name, f"base address {ptr:#x}", "a 16-byte-aligned base")
     return rs
