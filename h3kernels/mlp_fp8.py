@@ -122,7 +122,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                                address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"])
     previous = call.make_current()
     try:
-        launch.launch_row_at(call, row)
+        launch.launch_row_at(call, m, row)
         launch.zero_flags(call, m, ptr["flags"])
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
                           address["fc1_weight_scale"], ptr["y"])

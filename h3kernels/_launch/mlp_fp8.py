@@ -98,12 +98,12 @@ def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, ep
     """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
     m = x.shape[0]
     if m:
-        launch_row_at(call, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+        launch_row_at(call, m, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
 
 
-def launch_row_at(call, values):
-    """launch_row with the kernel's parameters given (row_values_at; M >= 1)."""
-    numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (values[5], 1), ROW_THREADS, values)
+def launch_row_at(call, m, values):
+    """launch_row with the kernel's parameters given (row_values_at; M >= 1): one CTA per row."""
+    numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (m, 1), ROW_THREADS, values)
 
 
 def zero_flags(call, m, flags):
