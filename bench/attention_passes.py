@@ -21,12 +21,10 @@ import numpy as np
 import torch
 
 from h3kernels import reference as R
-from h3kernels._launch import varlen_attention_fp8 as launch
-from h3kernels._launch.varlen_attention_fp8_plan import key_blocks, plan_arrays
-from h3kernels._runtime import arrays
+from h3kernels._launch.varlen_attention_fp8_plan import key_blocks
 from h3kernels.constants import HEAD_DIM, K_BLOCK
 from h3kernels.testing.inputs import make_attention_inputs
-from h3kernels.testing.timing import copy_bandwidth_gbs, occupy_gpu
+from h3kernels.testing.timing import QuantPasses, copy_bandwidth_gbs, occupy_gpu
 
 from bench_attention import SETS
 from bench_common import log
@@ -36,29 +34,12 @@ CHECK_SET = [4096, 1000, 0, 130, 1, 255]  # checked bitwise: ragged, empty and o
 WANTED = 0.70
 
 
-class Passes:
-    """The quantization launches of q, k, v (torch CUDA) over the segments of cu_host, into a
-    workspace of their own."""
+class Passes(QuantPasses):
+    """QuantPasses on one device for the process's life, with its outputs and bytes."""
 
     def __init__(self, q, k, v, cu, cu_host):
-        self.cu_host = tuple(int(c) for c in cu_host)
-        self.tokens, self.heads = int(q.shape[0]), int(q.shape[1])
-        self.segments = len(self.cu_host) - 1
-        dev = q.device
-        _, block_offset, blocks = (torch.from_numpy(a.copy()).to(dev) for a in plan_arrays(self.cu_host, self.heads)[:3])
-        self.n = int(blocks.shape[0])
-        self.parts, nbytes = launch.layout(self.tokens, self.heads, self.segments, self.n)
-        self.mem = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        self.keep = (q, k, v, cu, block_offset, blocks)
-        self.call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu))
+        super().__init__(q, k, v, cu, cu_host)
         self.call.make_current()  # for the process's life: a benchmark on one device
-        self.launches = launch.quant_launches(self.call.device_id, self.tokens, self.heads, self.segments, self.n,
-                                              q.data_ptr(), k.data_ptr(), v.data_ptr(), cu.data_ptr(), cu.stride(0),
-                                              block_offset.data_ptr(), blocks.data_ptr(), self.mem.data_ptr())
-
-    def run(self, chosen=None):
-        for _, kern, grid, threads, values in (self.launches if chosen is None else chosen):
-            kern.launch(self.call.stream_ptr, grid, threads, values)
 
     def out(self, name):
         off, shape, dt = self.parts[name]

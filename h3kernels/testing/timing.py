@@ -104,36 +104,54 @@ def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
     return statistics.median(times)
 
 
+class QuantPasses:
+    """The attention's quantization launches (_launch.varlen_attention_fp8.quant_launches) of q,
+    k, v (torch CUDA) over the segments of cu_seqlens_host, into a workspace of their own
+    (`mem`, laid out as `parts`), ready to run on their own."""
+
+    def __init__(self, q, k, v, cu_seqlens, cu_seqlens_host):
+        import torch
+
+        from h3kernels._launch import varlen_attention_fp8 as launch
+        from h3kernels._launch.varlen_attention_fp8_plan import plan_arrays
+        from h3kernels._runtime import arrays
+
+        self.cu_host = tuple(int(c) for c in cu_seqlens_host)
+        self.tokens, self.heads, self.segments = int(q.shape[0]), int(q.shape[1]), len(self.cu_host) - 1
+        _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device)
+                                   for a in plan_arrays(self.cu_host, self.heads)[:3])
+        self.n = int(blocks.shape[0])
+        self.parts, nbytes = launch.layout(self.tokens, self.heads, self.segments, self.n)
+        self.mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        self._keep = (q, k, v, cu_seqlens, block_offset, blocks)  # the addresses below stay valid
+        self.call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
+        self.launches = launch.quant_launches(self.call.device_id, self.tokens, self.heads, self.segments, self.n,
+                                              q.data_ptr(), k.data_ptr(), v.data_ptr(), cu_seqlens.data_ptr(),
+                                              cu_seqlens.stride(0), block_offset.data_ptr(), blocks.data_ptr(),
+                                              self.mem.data_ptr())
+
+    def run(self, chosen=None):
+        """Launches every pass (or the `chosen` launches) on the call's stream; the call's device
+        must be current."""
+        for _, kern, grid, threads, values in (self.launches if chosen is None else chosen):
+            kern.launch(self.call.stream_ptr, grid, threads, values)
+
+
 def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
     """(total, {kernel name: ms}): median ms of the attention's quantization passes alone, and of
-    each pass alone: the launches the operator makes (_launch.varlen_attention_fp8.quant_launches)
-    into a workspace of our own, back-to-back between one pair of events, the batch sized to
+    each pass alone (QuantPasses), back-to-back between one pair of events, the batch sized to
     about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
-    import torch
-
-    from h3kernels._launch import varlen_attention_fp8 as launch
-    from h3kernels._launch.varlen_attention_fp8_plan import plan_arrays
     from h3kernels._runtime import arrays
 
-    cu = tuple(int(c) for c in cu_seqlens_host)
-    tokens, heads = int(q.shape[0]), int(q.shape[1])
-    _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device) for a in plan_arrays(cu, heads)[:3])
-    n = int(blocks.shape[0])
-    _, nbytes = launch.layout(tokens, heads, len(cu) - 1, n)
-    mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-    call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
-    passes = launch.quant_launches(call.device_id, tokens, heads, len(cu) - 1, n, q.data_ptr(), k.data_ptr(),
-                                   v.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens.stride(0), block_offset.data_ptr(),
-                                   blocks.data_ptr(), mem.data_ptr())
-    run = lambda chosen: [kern.launch(call.stream_ptr, grid, threads, values)
-                          for _, kern, grid, threads, values in chosen]
-    previous = call.make_current()
+    passes = QuantPasses(q, k, v, cu_seqlens, cu_seqlens_host)
+    previous = passes.call.make_current()
     try:
-        one = lambda: run(passes)
+        one = lambda: passes.run()
         one()
         batch = max(1, min(20, int(budget_ms / max(median_ms(one, warmup=1, reps=3), 1e-3))))
         total = median_ms_batched(one, batch=batch, warmup=1, reps=reps)
-        each = {p[0]: median_ms_batched(lambda p=p: run([p]), batch=batch, warmup=1, reps=reps) for p in passes}
+        each = {p[0]: median_ms_batched(lambda p=p: passes.run([p]), batch=batch, warmup=1, reps=reps)
+                for p in passes.launches}
         return total, each
     finally:
         arrays.restore(previous)
