@@ -2,7 +2,8 @@
 H100/H200 in one run: its build report, its correctness against the reference, exact attention
 and form 0 (mma.sync), and its timings beside form 0, cuDNN and flash bf16 SDPA.
 
-python bench/hopper_attention.py [--json PATH] [--debug] [--no-time] [--no-peers]
+python bench/hopper_attention.py [--json PATH] [--debug] [--no-time] [--no-peers] [--s-split-sets N]
+                                 [--only s_split]
 
 Stages (each caught on its own, so one failure still reports the rest; the JSON is rewritten
 after every stage):
@@ -15,6 +16,10 @@ after every stage):
             keys (DBG_STORE builds) against float64 from the reference's quantization, and O
             against form 0 and the reference; the first mismatches printed (--debug: always,
             else only when the small sets fail)
+  s_split   the default build, the ACCUMULATION builds (ONE_BLOCK_SYNC, S_SPLIT) and form 0 on 41
+            short sets (--s-split-sets), one-block segments (bound 0.005) and longer ones (0.03): the
+            worst segment against its bound, the sets that miss a bound; each on 4 x 4096 against
+            exact attention
   accuracy  4 x 4096 and 7000+3000+6000+384 on 4 heads: rel L2 of forms 3 and 0 against the
             reference and against exact float64 attention, beside the reference's own error
   heads     the same two sets on 56 heads: form 3 against form 0 (rel L2, max |diff|, lse) and
@@ -42,8 +47,8 @@ from h3kernels import reference as R
 from h3kernels._launch import varlen_attention_fp8 as L
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._runtime import compiler
-from h3kernels.cli.compile_check import parse_ptxas
-from h3kernels.testing.checks import attention_misses, exact_attention, rel_l2
+from h3kernels.cli.compile_check import _nonce, parse_ptxas
+from h3kernels.testing.checks import ONE_BLOCK_KEYS, attention_misses, exact_attention, reference_bound, rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.poison import poisoned_like
 from h3kernels.testing.timing import attention_flops, attention_quant_kernel_ms, median_ms_batched
@@ -52,7 +57,7 @@ OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
-VARIANTS = list(hopper.VARIANTS) + list(hopper.EXPERIMENTS)  # the experiments timed too
+VARIANTS = list(hopper.VARIANTS) + list(hopper.ACCUMULATION) + list(hopper.EXPERIMENTS)  # all timed
 HBM_TBS = 4.8  # H200 SXM HBM3e peak (datasheet), for the quantization passes' bandwidth fraction
 LOG2E = 1.4426950408889634
 
@@ -205,6 +210,54 @@ def stage_variants():
         if not res[name]["bitwise"]:  # other bits: still within the attention's bounds?
             res[name]["misses"] = attention_misses(got, q, k, v, cu)
         log("variant", name, json.dumps(res[name]))
+    return res
+
+
+def stage_s_split(n_sets=40):
+    """The default build and each ACCUMULATION build (S summed over 128, 64 or 32 of the head
+    dimension inside the tensor core) on short segments, where the reference's P grid holds the
+    output to 0.005: n_sets random sets of 1-3 segments (half of 1-64 tokens, half of 1-300; 1 or
+    8 heads) and the set [64] x 1 head, seed 0 (its first miss). For one-block segments and for
+    longer ones: the worst segment's rel L2 against its bound (and which); how many segments come
+    within 0.8 of their bound; the sets that miss a bound. Then 4 x 4096 on 4 heads against
+    exact attention."""
+    res = {}
+    cases = [([64], 1, 0)]
+    for seed in range(n_sets):
+        rng = torch.Generator().manual_seed(1000 + seed)
+        n = int(torch.randint(1, 4, (1,), generator=rng))
+        longest = 64 if seed % 4 < 2 else 300
+        cases.append((torch.randint(1, longest + 1, (n,), generator=rng).tolist(), 1 if seed % 2 else 8, seed))
+    long_set = make_attention_inputs([4096] * 4, 4, device="cuda", seed=21)
+    long_exact = exact_attention(*long_set[:3], long_set[4])
+    for variant in ((),) + tuple(hopper.ACCUMULATION) + ("form 0",):
+        form = 0 if variant == "form 0" else 3
+        name = variant if form == 0 else "_".join(f"{a}{b}" for a, b in variant) or f"default_S_SPLIT{hopper.S_SPLIT}"
+        variant = () if form == 0 else variant
+        worst, worst_at, near, segments, missed, first = {}, {}, 0, 0, [], None
+        for lens, heads, seed in cases:
+            q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, device="cuda", seed=seed)
+            got = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, form, poisoned_like(q)))
+            want = R.attention_fp8(q, k, v, cu)
+            for a, b in zip(cu, cu[1:]):
+                if b > a:
+                    r = rel_l2(got[a:b], want[a:b]) / reference_bound(b - a)
+                    segments, near = segments + 1, near + (r > 0.8)
+                    kind = "one_block" if b - a <= ONE_BLOCK_KEYS else "longer"
+                    if r > worst.get(kind, 0.0):
+                        worst[kind], worst_at[kind] = r, [lens, heads, seed, b - a]
+            if first is None:
+                first = rel_l2(got, want)
+            if attention_misses(got, q, k, v, cu):
+                missed.append([lens, heads, seed])
+        q, k, v, cu_dev, cu = long_set
+        got = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, form, poisoned_like(q)))
+        res[name] = dict(cases=len(cases), segments=segments, missed=missed, worst_rel_l2_over_bound=worst,
+                         worst_at_lens_heads_seed_len=worst_at, over_0_8_of_bound=near, first_case_rel_l2=first,
+                         long_4x4096_vs_exact=rel_l2(got, long_exact))
+        log("s_split", name, json.dumps(res[name]))
+    q, k, v, cu_dev, cu = long_set
+    res["reference_long_4x4096_vs_exact"] = rel_l2(R.attention_fp8(q, k, v, cu), long_exact)
     return res
 
 
@@ -411,6 +464,8 @@ def main():
     p.add_argument("--debug", action="store_true", help="run the debug stage even when the small sets pass")
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--no-peers", action="store_true", help="skip the SDPA timings")
+    p.add_argument("--s-split-sets", type=int, default=40, help="random short sets of the s_split stage")
+    p.add_argument("--only", choices=("s_split",), help="build, first and this stage alone")
     args = p.parse_args()
     rep = dict(device=torch.cuda.get_device_name(), cc=list(torch.cuda.get_device_capability()),
                torch=torch.__version__, stages={})
@@ -435,9 +490,15 @@ def main():
         print(table(rep))
         save()
         os._exit(3)  # a hung kernel: nothing else can run on this context
+    if args.only:
+        stage(args.only, lambda: stage_s_split(args.s_split_sets))
+        save()
+        print(table(rep))
+        return 0
     small = stage("small", stage_small)
     if args.debug or "error" in first or "error" in small or not all(e.get("ok") for e in small.values()):
         stage("debug", stage_debug)
+    stage("s_split", lambda: stage_s_split(args.s_split_sets))
     stage("accuracy", stage_accuracy)
     stage("heads", stage_heads)
     if not args.no_time:

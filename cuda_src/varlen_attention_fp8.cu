@@ -51,9 +51,6 @@
 // storage position p = 4t + b of each 16-key group holds key 2t + (b & 1) + 8 * (b >> 1).
 // The lane then loads B with the same ldmatrix as any K-major operand.
 
-// 128-byte rows (Q, K): 16-byte chunk c of row r at c ^ (r % 8), so the 8 rows one ldmatrix
-// phase reads fall in 8 different bank groups.
-__device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 // 64-byte rows (V^T, BKV keys): two rows share a 128-byte bank line, so rows 2i and 2i+1 take
 // the line's two halves and (row / 2) % 4 permutes the four chunks within a half.
 __device__ __forceinline__ u32 swz64(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }

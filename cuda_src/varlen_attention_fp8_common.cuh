@@ -5,6 +5,11 @@
 #pragma once
 #include "fp8_common.cuh"
 
+// 128-byte rows (Q, K): 16-byte chunk c of row r at c ^ (r % 8), so the 8 rows one ldmatrix
+// phase reads fall in 8 different bank groups. It is also TMA's 128-byte swizzle of a tile
+// whose base is 1024-byte aligned, which the wgmma kernel's tiles are.
+__device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
 __device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -27,9 +27,12 @@
 //
 // Accumulation: the e4m3 wgmma adds with about 14 bits below the largest magnitude
 // (docs/hopper.md). S sums the 128 products of a row and key inside the tensor core (one
-// head dimension, as the MLP's 128-wide K slices); P V of each 64-key block goes to a zeroed
-// 64-register partial (2 k32 steps), added to the FP32 O in registers with the rescale
-// (O = O * alpha + partial), so no more than 64 keys meet inside the tensor core.
+// head dimension, as the MLP's 128-wide K slices; S_SPLIT 2 / 4 add 64- / 32-channel chains in
+// FP32 instead), except in a segment of a single 64-key block (ONE_BLOCK_SYNC): there the
+// reference's P grid holds the output to 0.005, which those sums break on some sets, so S comes
+// from mma.sync, form 0's sums. P V of each 64-key block goes to a zeroed 64-register partial
+// (2 k32 steps), added to the FP32 O in registers with the rescale (O = O * alpha + partial),
+// so no more than 64 keys meet inside the tensor core.
 //
 // Schedules (launch constants): by default each 64-key block's S, softmax and P V in turn;
 // OVERLAP 1 runs block j's softmax under block j - 1's P V; S128 1 / 2 compute a whole stage's
@@ -48,7 +51,7 @@
 // From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
-    !defined(MAX_TREE)
+    !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -78,6 +81,18 @@
 #if S128 && (OVERLAP || DBG_STORE)
 #error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
 #endif
+#if S_SPLIT != 1 && S_SPLIT != 2 && S_SPLIT != 4
+#error "S_SPLIT is 1, 2 or 4"
+#endif
+#if ONE_BLOCK_SYNC && (OVERLAP || S128)
+#error "ONE_BLOCK_SYNC is a path of the default schedule"
+#endif
+#if H3_MMA_FORM != 0
+#error "the one-block S path uses the legacy e4m3 mma.sync (form 0)"
+#endif
+#if S_SPLIT != 1 && (OVERLAP || S128)
+#error "S_SPLIT borrows the P V partial's registers, which OVERLAP and S128 keep in flight under S"
+#endif
 
 // Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
 // with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
@@ -101,6 +116,58 @@ __device__ __forceinline__ void turn_pass(int consumer) {
 __device__ __forceinline__ void issue_s(float (&s)[32], u32 q_rows, u32 k_rows) {
 #pragma unroll
   for (int k = 0; k < HD / 32; ++k) wgmma_m64n64k32_e4m3(s, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k);
+}
+
+// s += d once d's wgmmas are waited for.
+__device__ __forceinline__ void add_s(float (&s)[32], float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    fence_regs(d[i]);
+    s[i] += d[i];
+  }
+}
+
+// S of a segment's only 64-key block on mma.sync m16n8k32 (form 0's instruction, operands and
+// order: the same S bits as varlen_attention_fp8.cu), from the same swizzled tiles: ldmatrix
+// reads Q rows as A fragments and K rows as the "col" B operand, and the m16n8 C registers of
+// n8 tile nt are s[4 nt .. 4 nt + 3], the wgmma layout. q_rows: this warp's 16 query rows.
+__device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k_rows, int lane) {
+  const int lq = lane >> 3, lr = lane & 7;  // ldmatrix: lane gives row lr of matrix lq
+  const u32 q_frag = swz128(lr + 8 * (lq & 1), lq >> 1);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < HD / 32; ++ks) {
+    u32 qa[4];
+    ldmatrix_x4(q_rows + (q_frag ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
+#pragma unroll
+    for (int np = 0; np < BKV / 16; ++np) {
+      u32 b[2][2];
+      ldmatrix_x4(k_rows + swz128(np * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)), b[0][0], b[0][1], b[1][0], b[1][1]);
+      mma_e4m3_16832(*reinterpret_cast<float(*)[4]>(s + 8 * np), qa, b[0]);
+      mma_e4m3_16832(*reinterpret_cast<float(*)[4]>(s + 8 * np + 4), qa, b[1]);
+    }
+  }
+}
+
+// S of one 64-key block with at most HD / S_SPLIT of the head dimension summed inside the
+// tensor core: each span goes to its own zeroed accumulator, and the spans are added in FP32
+// (in order). Issued and waited for: s is ready for the softmax.
+__device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows) {
+  constexpr int steps = HD / 32 / S_SPLIT;  // k32 steps per span
+  float d[S_SPLIT > 1 ? S_SPLIT - 1 : 1][32];  // spans 1.. (span 0 goes to s)
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < HD / 32; ++k) {
+    float(&acc)[32] = k < steps ? s : d[k < steps ? 0 : k / steps - 1];
+    wgmma_m64n64k32_e4m3(acc, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k % steps);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int x = 0; x < S_SPLIT - 1; ++x) add_s(s, d[x]);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) fence_regs(s[i]);
 }
 
 // P . V of one 64-key block into the zeroed partial `part`, issued, not waited for. v_keys: the
@@ -342,20 +409,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       auto dbg = [](const float (&)[32], int, int) {};
 #endif
       // Each block in turn: S, its softmax, its P V; the two consumer warpgroups interleave.
-#pragma unroll 1
-      for (int j = 0; j < n_blocks; ++j) {
+      // sync_s: S on mma.sync (compute_s_sync), for a segment of one block.
+      auto block = [&](int j, bool sync_s) {
         if ((j & 1) == 0) {
           sk = sk_next;
           if (j / 2 + 1 < n_stages) sk_next = sk_col[(i64)(j / 2 + 1) * heads];
           mbar_wait(&full[stage], phase);
         }
         const u32 k_rows = ring + stage * STAGE_BYTES + (j & 1) * BKV * HD;
-        wgmma_fence();
-        issue_s(s, a_q, k_rows);
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) fence_regs(s[i]);
+        if (sync_s)
+          compute_s_sync(s, a_q + 16 * warp * HD, k_rows, lane);
+        else
+          compute_s(s, a_q, k_rows);
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t,
                       [&](const float (&v)[32], int which) { dbg(v, which, j); });
@@ -371,6 +436,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             phase ^= 1;
           }
         }
+      };
+      // The one-block tile apart from the loop: a branch inside it cost the loop 7% (H200).
+      if (ONE_BLOCK_SYNC && n_blocks == 1) {  // CTA-uniform
+        block(0, true);
+      } else {
+#pragma unroll 1
+        for (int j = 0; j < n_blocks; ++j) block(j, false);
       }
 #elif S128 == 2
       // As S128 1, with the next stage's S issued before the high half's P V, so that the wait

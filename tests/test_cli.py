@@ -196,10 +196,11 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     path, table = tmp_path / "b.json", tmp_path / "b.csv"
     assert bench.run(SimpleNamespace(rows=[64], segments=[[128]], json=str(path), csv=str(table))) == 0
     doc = json.loads(path.read_text())
-    # each operator's default mma.sync form on sm_90, then its wgmma family
-    assert [(r["op"], r["form"]) for r in doc["rows"]] == [("mlp", 0), ("mlp", 3), ("attention", 0),
-                                                           ("attention", 3)]
-    assert [r["ceiling_tflops"] for r in doc["rows"]] == [400.0, 1600.0, 400.0, 1600.0]
+    # each operator's default form on sm_90 first (the MLP's mma.sync form 0, the attention's
+    # wgmma family), then its other family
+    assert [(r["op"], r["form"]) for r in doc["rows"]] == [("mlp", 0), ("mlp", 3), ("attention", 3),
+                                                           ("attention", 0)]
+    assert [r["ceiling_tflops"] for r in doc["rows"]] == [400.0, 1600.0, 1600.0, 400.0]
     assert [round(r["pct_ceiling"], 6) for r in doc["rows"]] == [25.0, 25.0, 25.0, 25.0]
     assert doc["ceiling_tflops"] == 1600.0
     assert doc["ceilings"] == [dict(form=0, family="mma.sync", tflops=400.0), dict(form=3, family="wgmma",
@@ -209,7 +210,7 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     assert "mma.sync (form 0) 400 TFLOP/s" in out and "wgmma (form 3) 1600 TFLOP/s" in out
 
 
-@pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (0, 3), (0, 3)), ("sm_120a", 2, (2,), (2,)),
+@pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (0, 3), (3, 0)), ("sm_120a", 2, (2,), (2,)),
                                                       ("sm_120a", 0, (0,), (0,)), ("sm_89", 0, (0,), (0,))])
 def test_offered_forms_put_the_default_first_and_both_families_on_sm90_only(monkeypatch, arch, board, mlp, attention):
     from h3kernels._runtime import targets
