@@ -34,10 +34,12 @@
 // (2 k32 steps), added to the FP32 O in registers with the rescale (O = O * alpha + partial),
 // so no more than 64 keys meet inside the tensor core.
 //
-// Schedules (launch constants): by default each 64-key block's S, softmax and P V in turn;
-// OVERLAP 1 runs block j's softmax under block j - 1's P V; S128 1 / 2 compute a whole stage's
-// S in one m64n128 group and pipeline the stage's wgmmas; PINGPONG (with OVERLAP or S128) makes
-// the two consumer warpgroups take turns issuing. All keep the default's arithmetic and order.
+// Schedules (launch constants): S128 1 / 2 (1 the default) compute a whole stage's S in one
+// m64n128 group and pipeline the stage's wgmmas; S128 0 takes each 64-key block's S, softmax and
+// P V in turn, and with OVERLAP 1 runs block j's softmax under block j - 1's P V; PINGPONG (with
+// OVERLAP or S128) makes the two consumer warpgroups take turns issuing. All keep the block
+// loop's arithmetic and order. The pipelined loops issue every wgmma on every path (stand-ins
+// where there is nothing to compute): one issued under a condition had ptxas serialize them all.
 // A wgmma reads its register A fragment (P) until a wait covers it: keep_p holds P's registers
 // live until then (h3kernels/testing/ptx_checks.py checks every build's PTX for this).
 //
@@ -83,9 +85,6 @@
 #endif
 #if S_SPLIT != 1 && S_SPLIT != 2 && S_SPLIT != 4
 #error "S_SPLIT is 1, 2 or 4"
-#endif
-#if ONE_BLOCK_SYNC && (OVERLAP || S128)
-#error "ONE_BLOCK_SYNC is a path of the default schedule"
 #endif
 #if H3_MMA_FORM != 0
 #error "the one-block S path uses the legacy e4m3 mma.sync (form 0)"
@@ -203,6 +202,15 @@ __device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32],
           "+f"(b[24]), "+f"(b[25]), "+f"(b[26]), "+f"(b[27]), "+f"(b[28]), "+f"(b[29]), "+f"(b[30]), "+f"(b[31])
         : "l"(da), "l"(db), "r"(k));
   }
+}
+
+// The next stage's S (issue_s128) when there is one (more); else a stand-in of the same shape
+// on this stage's K rows (K . K^T), whose result is never read. A wgmma issued under a condition
+// while others are in flight had ptxas serialize every wgmma of the function (C7515), so the
+// S128 loops issue one always. The stand-in reads no Q: the Q tile may be refilled by then.
+__device__ __forceinline__ void issue_next_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 next_k_rows,
+                                                u32 k_rows, bool more) {
+  issue_s128(s_lo, s_hi, more ? q_rows : k_rows, more ? next_k_rows : k_rows);
 }
 
 // Keeps P's registers alive up to here: called after the wait that covers the P V wgmmas which
@@ -395,7 +403,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       q_phase ^= 1;
       // block j: keys 64 j .. of the segment, in stage j / 2 of the tile (K rows 64 (j % 2) ..,
       // V^T key columns 64 (j % 2) ..); a stage is freed after the P V of its last block
-#if !OVERLAP && !S128
 #if DBG_STORE
       auto dbg = [&](const float (&v)[32], int which, int j) {
         if (which != DBG_STORE || j >= STAGE_KEYS / BKV) return;
@@ -437,6 +444,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
         }
       };
+#if !OVERLAP && !S128
       // The one-block tile apart from the loop: a branch inside it cost the loop 7% (H200).
       if (ONE_BLOCK_SYNC && n_blocks == 1) {  // CTA-uniform
         block(0, true);
@@ -444,7 +452,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll 1
         for (int j = 0; j < n_blocks; ++j) block(j, false);
       }
-#elif S128 == 2
+#else
+      if (ONE_BLOCK_SYNC && n_blocks == 1) {  // CTA-uniform: as above, apart from the pipelined loop
+        block(0, true);
+      } else {
+#if S128 == 2
       // As S128 1, with the next stage's S issued before the high half's P V, so that the wait
       // after them takes S only: the high half's P V then runs under the next stage's low-half
       // softmax, and O takes its partial after that softmax (O still takes the partials in
@@ -482,9 +494,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_pv(part, pa, stage_base + K_BYTES);
         wgmma_commit();
-        if (has_hi)
-          softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
-                        [](const float (&)[32], int) {});
+        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
+                      [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1);
@@ -504,9 +515,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
+        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
-        if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
+        issue_pv(part, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);
@@ -552,9 +563,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_pv(part, pa, stage_base + K_BYTES);
         wgmma_commit();
-        if (has_hi)
-          softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
-                        [](const float (&)[32], int) {});
+        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
+                      [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1);
@@ -574,9 +584,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        if (has_hi) issue_pv(part, pb, stage_base + K_BYTES + BKV);
+        issue_pv(part, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
         wgmma_commit();
-        if (more) issue_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES);
+        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);
@@ -584,7 +594,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<1>();  // the high half's P V is done; the next S may still run
         keep_p(pb);
         if (has_hi) add_block(o, part, b0, b1);
-        if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads (P V) are done
+        if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
+        if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads are done
         wgmma_wait<0>();
       }
 #else
@@ -592,6 +603,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // j runs while that P V is in the tensor core. The same arithmetic in the same order as
       // above (bitwise the same result): O takes block j - 1's partial with its own alpha.
       int pv_stage = stage;  // the stage of the block whose P V is pending
+#pragma unroll
+      for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = 0u;  // block -1: no keys
 #pragma unroll 1
       for (int j = 0; j < n_blocks; ++j) {
         if ((j & 1) == 0) {
@@ -605,8 +620,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
-        if (j > 0) issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j - 1) & 1) * BKV);
-        wgmma_commit();  // (an empty group for j = 0: the waits below are the same on every path)
+        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV);  // j = 0: P 0
+        wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
 #endif
@@ -650,6 +665,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           stage = 0;
           phase ^= 1;
         }
+      }
+#endif
       }
 #endif
 #if !DBG_STORE

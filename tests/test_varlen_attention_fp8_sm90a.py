@@ -39,21 +39,19 @@ def test_varlen_sm90a_builds_without_spills_or_serialized_wgmma(capsys):
     assert "sm_90a" in out and "h3_varlen_attention_fp8_wgmma" in out
 
 
-@pytest.mark.parametrize("variant", hopper.VARIANTS + hopper.ACCUMULATION + hopper.EXPERIMENTS,
+@pytest.mark.parametrize("variant", hopper.VARIANTS + hopper.ACCUMULATION,
                          ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
 def test_varlen_sm90a_measured_builds_without_spills_or_serialized_wgmma(variant):
-    """Every measured build compiles without spills or warnings; the VARIANTS and ACCUMULATION
-    builds also without a serialized wgmma (the EXPERIMENTS are serialized by some ptxas versions)."""
+    """Every measured build compiles without spills, warnings or a serialized wgmma."""
     _, log, _ = compiler.compile_cubin("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
                                        ("-Xptxas=-v",), use_cache=False, appended=compile_check._nonce())
     report = compile_check.parse_ptxas(log)["h3_varlen_attention_fp8_wgmma"]
     assert report["stack"] == report["spill_st"] == report["spill_ld"] == 0, report
     assert not [ln for ln in log.splitlines() if "warn" in ln.lower()], log
-    if variant not in hopper.EXPERIMENTS:
-        assert not [ln for ln in log.splitlines() if "serialized" in ln], log
+    assert not [ln for ln in log.splitlines() if "serialized" in ln], log
 
 
-@pytest.mark.parametrize("variant", ((),) + hopper.VARIANTS + hopper.ACCUMULATION + hopper.EXPERIMENTS,
+@pytest.mark.parametrize("variant", ((),) + hopper.VARIANTS + hopper.ACCUMULATION,
                          ids=lambda v: "_".join(f"{a}{b}" for a, b in v) or "default")
 def test_varlen_sm90a_touches_no_wgmma_register_in_flight(variant):
     ptx = compiler.compile_ptx("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)))

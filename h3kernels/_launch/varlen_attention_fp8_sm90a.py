@@ -28,10 +28,11 @@ OVERLAP = 0  # 1: each block's softmax runs while the previous block's P V is in
 # (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn
 PINGPONG = 0  # with OVERLAP 1 or S128: the two consumer warpgroups take turns issuing their
 # wgmmas (named barriers), so that one's softmax runs while the other's matrix products do
-S128 = 0  # 1 or 2: S of a whole 128-key stage in one wgmma group, its two 64-key halves taken in
+S128 = 1  # 1 or 2: S of a whole 128-key stage in one wgmma group, its two 64-key halves taken in
 # order (the same arithmetic, bitwise the same result), the stage's wgmmas software-pipelined
 # (1: the high half's P V, then the next S; 2: the next S, then the high half's P V, which runs
-# under the next low half's softmax); 0: one 64-key block at a time (OVERLAP's schedules)
+# under the next low half's softmax); 0: one 64-key block at a time (OVERLAP's schedules,
+# S_SPLIT's). 1 took 0.79x 0's kernel time on the H200 (docs/hopper.md)
 S_SPLIT = 1  # S of a block with 128 / S_SPLIT of the head dimension summed inside the tensor core
 # (1: all 128; 2: two k64 halves; 4: each k32 step alone), the partials added in FP32 (the FP8
 # wgmma drops bits at every in-core step: docs/hopper.md has the error of each and its cost)
@@ -40,21 +41,19 @@ ONE_BLOCK_SYNC = 1  # 1: a segment of one 64-key block computes S with mma.sync 
 # FP8 tensor cores misses on some sets; longer segments (bound 0.03) keep wgmma
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
-# The default (MAX_TREE alone) is the fastest build that no ptxas we build with serializes: the
-# OVERLAP builds were 1-4% faster on the H200, but NVRTC 12.8 (the cuda12 extra's) serializes
-# their wgmmas (C7513: P registers defined inside the pipeline), which 12.9 does not; the S128
-# builds are serialized by every version we have (C7515). docs/hopper.md has the figures.
-# VARIANTS: other builds of the same arithmetic (bitwise the default's result) that no ptxas
-# serializes; EXPERIMENTS: the same arithmetic too, measured, but serialized by some ptxas.
-# bench/hopper_attention.py checks and times both; tests/test_varlen_attention_fp8_sm90a.py
-# builds both (no spills, no wgmma register touched in flight; no serialization for VARIANTS).
-# ACCUMULATION: other S sums (so other bits), measured for their error and time.
-VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),))
-ACCUMULATION = ((("S_SPLIT", 4),), (("ONE_BLOCK_SYNC", 0),), (("ONE_BLOCK_SYNC", 0), ("S_SPLIT", 2)),
-                (("ONE_BLOCK_SYNC", 0), ("S_SPLIT", 4)))
-EXPERIMENTS = tuple((("ONE_BLOCK_SYNC", 0),) + e for e in (
-    (("OVERLAP", 1),), (("OVERLAP", 1), ("PINGPONG", 1)), (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1)),
-    (("PINGPONG", 1), ("S128", 1)), (("PINGPONG", 1), ("S128", 2))))
+# VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
+# serialized by a ptxas we build with (12.8, the cuda12 extra's, and 12.9): their pipelined loops
+# issue every wgmma on every path (one issued under a condition while others were in flight had
+# ptxas serialize them all: C7513 in the OVERLAP builds under 12.8, C7515 in the S128 builds;
+# a stand-in with P = 0 or an unread S takes its place). ACCUMULATION: other S sums (so other
+# bits), measured for their error and time. bench/hopper_attention.py checks and times both;
+# tests/test_varlen_attention_fp8_sm90a.py builds both (no spills, no serialized wgmma, no wgmma
+# register touched in flight). docs/hopper.md has the figures.
+VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
+            (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
+            (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)))
+ACCUMULATION = ((("ONE_BLOCK_SYNC", 0),), (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
+                (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
 SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
