@@ -28,7 +28,8 @@ after every stage):
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
             quantization passes alone (with the bytes each moves and their fraction of HBM
             peak), cuDNN and flash bf16 SDPA
-  variants  the VARIANTS builds (S128 0 / 2, OVERLAP, PINGPONG, STAGES) bitwise against the default build,
+  variants  the VARIANTS builds (S128 0 / 2, OVERLAP, PINGPONG, STAGES) bitwise against the default build
+            (the ACCUMULATION builds against the bounds),
             each polled with a timeout; then every one with finite results timed, whole call
             and kernel alone
 The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
@@ -194,8 +195,9 @@ def stage_small():
 
 
 def stage_variants():
-    """Every build of VARIANTS against the default build, bitwise (the same arithmetic in the
-    same order), on a mixed set."""
+    """Every build of VARIANTS (the same arithmetic in the same order: bitwise the default's) and
+    of ACCUMULATION (other S sums: held to the attention's bounds instead) against the default
+    build, on a mixed set."""
     res = {}
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 3000, 1], 8, device="cuda", seed=41)
     want, want_lse = op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True)

@@ -70,7 +70,7 @@
 // Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
 // writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
 // k, bf16) instead of O, DBG_STORE 2 the unrounded 256 * 2^(S - m), so that a wrong fragment
-// layout shows itself element by element (OVERLAP 0 only).
+// layout shows itself element by element (the block loop only: OVERLAP 0, S128 0).
 #ifndef DBG_STORE
 #define DBG_STORE 0
 #endif
@@ -533,9 +533,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // its P V issued, and the high half's softmax (block 2 st + 1) run while it is in the
       // tensor core; O takes the low partial; the high half's P V issued with the next stage's S
       // behind it, and O takes the high partial while that S runs. Blocks in the model's order,
-      // each with the arithmetic of softmax_block and add_block: bitwise OVERLAP 0's result. A
-      // stage whose high half lies past the segment's end (a last stage of 64 keys or fewer)
-      // skips that half, as the block loop has no such block.
+      // each with the arithmetic of softmax_block and add_block: bitwise the block loop's result.
+      // A stage whose high half lies past the segment's end (a last stage of 64 keys or fewer)
+      // runs that half with every key masked (P 0, m and l unchanged) and its P V on the zero
+      // padding, so that every path issues the same wgmmas; O does not take that partial, as
+      // the block loop has no such block.
       float s_hi[32];
       u32 pb[BKV / 32][4];
       float b0, b1;  // the high half's rescale
@@ -579,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
           mbar_wait(&full[stage], phase);
         }
-        // Two groups, empty where there is nothing to issue, so that every path waits alike
+        // Two groups, each issued on every path (stand-ins where there is nothing to compute)
 #if PINGPONG
         turn_wait(consumer);
 #endif

@@ -2,8 +2,9 @@
 (no GPU), the fragment bookkeeping of P between its two wgmmas (a numpy model of both layouts),
 the form selection and launch parameters, and (GPU, compute capability 9.0) its results.
 
-Its tensor cores add with fewer bits than FP32 (S: 128 products per score; P V: 64 keys per
-partial), so its output is not the mma.sync forms' bits; it is held to the attention's settled
+Its tensor cores add with fewer bits than FP32 (S: 128 products per score, except in a segment
+of one 64-key block, whose S comes from mma.sync; P V: 64 keys per partial), so its output is
+not the mma.sync forms' bits; it is held to the attention's settled
 bounds (h3kernels.testing.checks.attention_misses: rel L2 from the reference, and against exact
 attention at most 1.1x the reference's own error)."""
 import numpy as np
@@ -230,6 +231,24 @@ def test_varlen_sm90a_is_near_form_0_and_repeatable(seed):
     torch.cuda.synchronize()
     assert torch.isfinite(a.float()).all() and same_bits(a, b)
     assert rel_l2(a, form0) <= 0.01, rel_l2(a, form0)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("variant", hopper.VARIANTS, ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
+def test_varlen_sm90a_schedules_give_the_default_bits(variant, monkeypatch, seed):
+    """Every other schedule of VARIANTS (the block loop, OVERLAP, PINGPONG, S128 2, ...) gives the
+    default build's bits, lse included: segments with a masked high half (129, 300), one-block
+    segments (1, 64) and an empty one."""
+    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 300, 1], 8, device="cuda", seed=seed)
+    want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    original = hopper.launch
+    monkeypatch.setattr(hopper, "launch", lambda call, n_tiles, maps, values, variant_=(): original(
+        call, n_tiles, maps, values, variant))
+    got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(want.float()).all()
+    assert same_bits(got, want) and same_bits(lse, want_lse)
 
 
 @pytest.mark.gpu

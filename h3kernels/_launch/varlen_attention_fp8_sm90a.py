@@ -23,9 +23,11 @@ HD = HEAD_DIM  # 128 e4m3 = one 128-byte swizzled row
 STAGES = 4  # TMA ring depth: 4 x 32 KiB
 TILE_INTS = plan.TILE_COLS
 PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
-CONSUMER_REGS = 240  # registers of each softmax warpgroup: 64 of O, 64 of a P V partial, 32 of S
+CONSUMER_REGS = 240  # registers of each softmax warpgroup: 64 of O, 64 of a P V partial, 64 of S
+# (32 in the block loop), two P fragments
 OVERLAP = 0  # 1: each block's softmax runs while the previous block's P V is in the tensor core
-# (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn
+# (the same arithmetic, bitwise the same result); 0: S, softmax, P V of each block in turn (both
+# with S128 0, the block loop)
 PINGPONG = 0  # with OVERLAP 1 or S128: the two consumer warpgroups take turns issuing their
 # wgmmas (named barriers), so that one's softmax runs while the other's matrix products do
 S128 = 1  # 1 or 2: S of a whole 128-key stage in one wgmma group, its two 64-key halves taken in

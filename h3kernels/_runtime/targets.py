@@ -96,8 +96,9 @@ def mlp_mma_form(device_id, requested=-1):
 def attention_mma_form(device_id, requested=-1):
     """mma_form() for the attention, which also has form 3 (cuda_src/varlen_attention_fp8_sm90a.cu:
     wgmma + TMA) on compute capability 9.0, where -1 picks it: it meets the attention's bounds
-    (its S sums each 32-wide step of the head dimension in the tensor core and adds the four in
-    FP32, docs/hopper.md) and takes less than half of form 0's time there."""
+    (a segment of one 64-key block, where the reference's P grid holds the output to 0.005,
+    computes S on mma.sync as form 0 does; docs/hopper.md) and takes 0.35-0.39x form 0's time
+    there. Its results are not form 0's bits."""
     return _form_with_wgmma(device_id, requested, WGMMA_FORM)
 
 

@@ -2,7 +2,7 @@
 ceiling of each row's instruction family, measured in the same run; a table at the end, CSV or
 JSON on request. Each operator runs in every fp8_mma_form it offers on this GPU
 (h3kernels._runtime.targets.offered_forms): on compute capability 9.0 both operators' wgmma
-families (form 3) beside their default mma.sync form 0; each row has a `form` column and its % of
+families (form 3) and mma.sync form 0, the one -1 picks first; each row has a `form` column and its % of
 the ceiling of its family (the wgmma ceiling for form 3, the mma.sync one of its form otherwise).
 
 Times are CUDA-event medians of back-to-back calls (h3kernels.testing.timing.median_ms_batched) after a
