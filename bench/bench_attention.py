@@ -1,5 +1,5 @@
-"""Times minimax_h3_varlen_attention_fp8 against torch's bf16 attention and the e4m3 mma.sync
-ceiling, all in one run.
+"""Times minimax_h3_varlen_attention_fp8 against torch's bf16 attention and the e4m3 ceiling of
+each kernel family's instruction, all in one run.
 
 python bench/bench_attention.py [--quick] [--sets NAME ...] [--no-h3ref]
                                 [--json PATH] [--reps N] [--budget-ms MS]
@@ -8,8 +8,10 @@ Segment sets (56 heads, head dim 128, non-causal, q/k/v bf16 randn [tokens, 56, 
   4x4096, 16x1024, 1x16384, 7000+3000+6000+384 (ragged), 1x65536; --quick: 4x4096 and 1x16384.
 Methods, per set:
   ours          h3kernels.minimax_h3_varlen_attention_fp8 on the packed tensors, cu_seqlens_host
-                given (no device sync), `out` preallocated; one row per kernel family
-                (fp8_mma_form) this GPU has: the "variant" of the tables.
+                given (no device sync), `out` preallocated; one row per kernel family this GPU
+                offers (h3kernels._runtime.targets.offered_forms: on compute capability 9.0 the
+                wgmma family, form 3, which fp8_mma_form=-1 picks there, then mma.sync form 0):
+                the "variant" of the tables.
   cuDNN SDPA    F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
   flash SDPA    the same under SDPBackend.FLASH_ATTENTION
                 Equal-length sets: one batched call on [B, 56, L, 128] (strided views of the
@@ -19,8 +21,9 @@ Methods, per set:
                 torch.nn.attention.varlen.varlen_attn, else aten._flash_attention_forward with
                 cum_seq_q/k (the label says which)
   cuDNN varlen  aten._cudnn_attention_forward with cum_seq_q/k, if this torch takes them
-  ceiling       h3kernels.mma_ceiling.measure_tflops for the operator's mma form (0 on the H200),
-                before and after the sets; the higher is used
+  ceiling       the e4m3 ceiling of each variant's instruction family (h3kernels.cli.bench.
+                ceiling_tflops: wgmma for form 3, mma.sync otherwise), before and after the sets;
+                the higher is used, and each variant's %ceil is against its own family's
   quant share   the operator's quantization passes alone (varlen_attention_fp8_quant.launch with
                 the arguments _run gives it, own workspace, back-to-back launches), over ours
 FLOPs = 4 * sum(L^2) * heads * 128 for every method. CUDA-event medians after warm-up: "call" is
@@ -47,6 +50,7 @@ import time
 
 import torch
 
+from h3kernels._runtime.targets import WGMMA_FORM, form_family, offered_forms
 from h3kernels.testing.checks import reference_rows, rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.constants import H3_HEADS
@@ -63,7 +67,6 @@ QUICK = ("4x4096", "1x16384")
 SAMPLE_TOKENS = 4096  # tokens compared per set (plus every segment's first and last)
 PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"), ("cudnn_varlen", "cuDNN varlen"))
 PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is marked "!"
-VARIANTS = (("mma.sync", 0),)  # (name, fp8_mma_form): the kernel families timed
 H3REF_OK_REL_L2 = 0.03  # ours vs h3kernels.reference on long segments (docs/spec.md, Accuracy bounds)
 
 
@@ -353,18 +356,23 @@ def variants_of(r):
     return [("", r.get("ours", {}))]
 
 
-def table(results, ceil, form, device, st):
+def ceilings_text(ceils):
+    return ", ".join(f"{form_family(f)} (form {f}) " + (f"{c:.0f} TFLOP/s" if c else "n/a") for f, c in ceils.items())
+
+
+def table(results, ceils, device, st):
+    """ceils: fp8_mma_form -> the e4m3 ceiling of its instruction family (None where unmeasured)."""
     w = 16
     heads = results[0]["heads"] if results else H3_HEADS
-    lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 mma.sync ceiling "
-             + (f"{ceil:.0f} TFLOP/s (form {form})" if ceil else "n/a")
-             + "; TFLOP/s from stream times; (x) = ours / peer ==",
+    lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 ceilings "
+             + ceilings_text(ceils) + "; TFLOP/s from stream times; (x) = ours / peer ==",
              f"{'set':>18} {'variant':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'quant%':>7} "
              f"{'relL2':>7} {'vs h3ref':>8} |" + "".join(f" {label:>{w}}" for _, label in PEERS)]
     for r in results:
         for vname, o in variants_of(r):
             ok = "stream_ms" in o
             tf = o.get("tflops")
+            ceil = ceils.get(o.get("fp8_mma_form"))
             h3 = o.get("rel_l2_vs_h3ref")
             cells = [f"{r['name']:>18}", f"{vname:>7}",
                      f"{o['stream_ms']:9.3f}" if ok else f"{'n/a':>9}",
@@ -425,17 +433,32 @@ def table(results, ceil, form, device, st):
                 perr.setdefault((key, p["error"][:160]), []).append(r["name"])
     for (key, e), where in perr.items():
         lines.append(f"{key} failed on {', '.join(where)}: {e}")
-    lines.append("targets: " + ", ".join(f"{k} {v}" for k, v in targets(results, ceil).items()))
+    lines.append("targets: " + ", ".join(f"{k} {v}" for k, v in targets(results, ceils).items()))
     return lines
 
 
-def targets(results, ceil):
+# The wgmma family's goals: its whole call at least this many times as fast as cuDNN's bf16 SDPA
+WGMMA_X_CUDNN = {"4x4096": 1.3, "1x16384": 1.6, "7000+3000+6000+384": 1.3, "16x1024": 1.1}
+
+
+def targets(results, ceils):
+    """The goals per variant: the mma.sync family at 50% of its ceiling (4 x 4096, 1 x 16384)
+    with the quantization passes under 10% of the call (4 x 4096); the wgmma family
+    WGMMA_X_CUDNN times cuDNN's speed."""
     t = {}
     for r in results:
-        if r["name"] not in ("4x4096", "1x16384"):
-            continue
         for vname, o in variants_of(r):
             suffix = f"_{vname}" if vname else ""
+            if o.get("fp8_mma_form") == WGMMA_FORM:
+                goal, cudnn = WGMMA_X_CUDNN.get(r["name"]), r.get("cudnn", {}).get("tflops")
+                if goal:
+                    x = o["tflops"] / cudnn if "tflops" in o and cudnn else None
+                    t[f"x_cudnn_{r['name']}{suffix}"] = (f"{x:.2f}x ({'met' if x >= goal else 'NOT met'}, >= {goal}x)"
+                                                         if x else "n/a")
+                continue
+            if r["name"] not in ("4x4096", "1x16384"):
+                continue
+            ceil = ceils.get(o.get("fp8_mma_form"))
             if "tflops" in o and ceil:
                 pct = 100 * o["tflops"] / ceil
                 t[f"pct_ceil_{r['name']}{suffix}"] = f"{pct:.1f}% ({'met' if pct >= 50 else 'NOT met'}, >= 50%)"
@@ -450,9 +473,9 @@ def targets(results, ceil):
     return t
 
 
-def summary(results, ceil, form):
-    s = dict(ceil_tflops=round(ceil, 1) if ceil else None, form=form, heads=results[0]["heads"] if results else None,
-             elapsed_s=round(elapsed(), 1))
+def summary(results, ceils):
+    s = dict(ceil_tflops={f: round(c, 1) if c else None for f, c in ceils.items()},
+             heads=results[0]["heads"] if results else None, elapsed_s=round(elapsed(), 1))
     for r in results:
         e = {}
         for key, _ in PEERS:
@@ -463,6 +486,7 @@ def summary(results, ceil, form):
             pre = f"{vname}_" if vname else ""
             if "tflops" in o:
                 e.update({pre + "ours_ms": round(o["stream_ms"], 4), pre + "ours_tf": round(o["tflops"], 1)})
+                ceil = ceils.get(o.get("fp8_mma_form"))
                 if ceil:
                     e[pre + "pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
                 if "quant_share" in o:
@@ -479,18 +503,24 @@ def summary(results, ceil, form):
             elif "error" in o:
                 e[pre + "ours"] = "failed: " + o["error"][:120]
         s[r["name"]] = e
-    s["targets"] = targets(results, ceil)
+    s["targets"] = targets(results, ceils)
     return s
 
 
-def op_form(dev_id):
+def offered_variants(dev_id):
+    """(name, fp8_mma_form) of every kernel family the operator offers on this GPU, the one -1
+    picks first; [("mma.sync", 0)] where that cannot be asked."""
     try:
-        from h3kernels._runtime.targets import mma_form
-
-        return mma_form(dev_id)
+        return [(form_family(f), f) for f in offered_forms("attention", dev_id)]
     except Exception as err:
-        log(f"mma form of the operator unknown ({short(err, 120)}); using form 0")
-        return 0
+        log(f"kernel families of the operator unknown ({short(err, 120)}); timing form 0")
+        return [("mma.sync", 0)]
+
+
+def measure_ceilings(dev_id, forms, when):
+    ceils = {f: ceiling_tflops(dev_id, f) for f in forms}
+    log(f"e4m3 ceilings, {when}: " + ceilings_text(ceils))
+    return ceils
 
 
 def main():
@@ -506,12 +536,12 @@ def main():
                    help="skip ours vs h3kernels.reference on the sampled rows")
     p.add_argument("--heads", type=int, default=H3_HEADS, help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.variant_list = list(VARIANTS)
     chosen = args.sets or (list(QUICK) if args.quick else names)
 
     dev = torch.device("cuda")
     dev_id = torch.cuda.current_device()
     name = torch.cuda.get_device_name(dev_id)
+    args.variant_list = offered_variants(dev_id)
     log(f"{name}, torch {torch.__version__}, sets {chosen}, variants {[n for n, _ in args.variant_list]}")
     st = dict(refs={}, h3refs={})
     st["op"], st["op_why"] = load_op()
@@ -522,26 +552,25 @@ def main():
         log(f"{key}: {label}")
     for key, why in st["varlen_absent"].items():
         log(f"{key}: {why}")
-    form = op_form(dev_id)
+    forms = [f for _, f in args.variant_list]
 
     results = []
     for i, (n, lens) in enumerate(SETS):
         if n in chosen:
             results.append(dict(name=n, lens=lens, heads=args.heads, tokens=sum(lens),
                                 flops=attention_flops(lens, args.heads), seed=1000 + 17 * i))
-    ceil0 = ceiling_tflops(dev_id, form)
-    log(f"e4m3 mma.sync ceiling (form {form}), before: {ceil0 and round(ceil0)} TFLOP/s")
-    out = dict(date=datetime.date.today().isoformat(), device=name, torch=torch.__version__, form=form,
+    ceil0 = measure_ceilings(dev_id, forms, "before")
+    out = dict(date=datetime.date.today().isoformat(), device=name, torch=torch.__version__, forms=forms,
                ceiling_runs=[ceil0], results=results,
                varlen_impls={k: lab for k, (lab, _) in st["varlen"].items()}, varlen_absent=st["varlen_absent"])
 
-    def finish(ceil):
-        out.update(ceiling_tflops=ceil, elapsed_s=elapsed())
+    def finish(ceils):
+        out.update(ceiling_tflops=ceils, elapsed_s=elapsed())
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)
-        print("\n".join(table(results, ceil, form, name, st)))
-        print("SUMMARY " + json.dumps(summary(results, ceil, form), separators=(",", ":")), flush=True)
+        print("\n".join(table(results, ceils, name, st)))
+        print("SUMMARY " + json.dumps(summary(results, ceils), separators=(",", ":")), flush=True)
 
     with torch.no_grad():
         for r in results:
@@ -579,11 +608,9 @@ def main():
                 except Exception:  # a sticky CUDA error from ours: the report still prints
                     pass
 
-    ceil1 = ceiling_tflops(dev_id, form)
-    log(f"e4m3 mma.sync ceiling (form {form}), after: {ceil1 and round(ceil1)} TFLOP/s")
+    ceil1 = measure_ceilings(dev_id, forms, "after")
     out["ceiling_runs"] = [ceil0, ceil1]
-    ceils = [c for c in (ceil0, ceil1) if c]
-    finish(max(ceils) if ceils else None)
+    finish({f: max([c for c in (ceil0[f], ceil1[f]) if c], default=None) for f in forms})
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ def short(err, n=240):
 
 
 def ceiling_tflops(dev, form):
-    """This GPU's e4m3 mma.sync ceiling (h3kernels.mma_ceiling), or None when it cannot run."""
-    from h3kernels.peers import mma_ceiling
+    """This GPU's e4m3 ceiling of the instruction family of `form` (wgmma for form 3, mma.sync
+    otherwise: h3kernels.cli.bench.ceiling_tflops), or None when it cannot run."""
+    from h3kernels.cli.bench import ceiling_tflops as family_ceiling
 
-    return mma_ceiling.ceiling_tflops(dev, form,
-                                      on_error=lambda err: log("e4m3 mma.sync ceiling: failed " + short(err)))
+    return family_ceiling(dev, form, on_error=lambda err: log(f"e4m3 ceiling of form {form}: failed " + short(err)))
 
 
 def host_ms(fn, calls=5):
