@@ -9,7 +9,8 @@ Per M (default 256, 2048, 16384, 65536), on the current GPU:
                torch._scaled_mm rowwise (scale_a [M, 1], scale_b [1, N] f32, bf16 out)
   fp8 compile  torch.compile (default mode) of the fp8 eager function, M marked dynamic (one compile)
   GEMMs        the two bare _scaled_mm calls of fp8 eager (pre-quantized inputs), nothing else
-  ceiling      h3kernels.mma_ceiling.measure_tflops for the mma form the operator uses
+  ceiling      the e4m3 ceiling of the instruction family of the form the operator uses (wgmma
+               for --form 3, mma.sync otherwise)
 Every figure is a CUDA-event median after warm-up, with input sets rotated so that they exceed
 3x the L2 cache (the weights, 231 MB in e4m3, are shared: they exceed L2 by themselves). Two
 times per method: "call" (median_ms: one call, GPU idle at its start, so host latency included)
@@ -58,7 +59,7 @@ def op_form(dev, requested):
     try:
         from h3kernels._runtime import targets
 
-        return targets.mma_form(dev, requested)
+        return targets.mlp_mma_form(dev, requested)
     except Exception:
         from h3kernels.peers import mma_ceiling
 
@@ -283,7 +284,9 @@ PEERS = (("bf16_eager", "bf16 eager"), ("fp8_eager", "fp8 eager"), ("fp8_compile
 
 
 def table(results, ceil, form, device):
-    lines = [f"== minimax_h3_mlp_fp8 on {device}: e4m3 mma.sync ceiling "
+    from h3kernels._runtime.targets import form_family
+
+    lines = [f"== minimax_h3_mlp_fp8 on {device}: e4m3 {form_family(form)} ceiling "
              + (f"{ceil:.0f} TFLOP/s (form {form})" if ceil else "n/a")
              + "; TFLOP/s from stream times; (x) = ours / peer TFLOP/s ==",
              f"{'M':>6} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'row%':>6} {'mset%':>6} |"
@@ -381,7 +384,7 @@ def main():
             log(st["compile_why"])
 
     ceil0 = ceiling_tflops(dev_id, form)
-    log(f"e4m3 mma.sync ceiling (form {form}), before: {ceil0 and round(ceil0)} TFLOP/s")
+    log(f"e4m3 ceiling (form {form}), before: {ceil0 and round(ceil0)} TFLOP/s")
     results = []
     for m in rows:
         try:
@@ -392,7 +395,7 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
     ceil1 = ceiling_tflops(dev_id, form)
-    log(f"e4m3 mma.sync ceiling (form {form}), after: {ceil1 and round(ceil1)} TFLOP/s")
+    log(f"e4m3 ceiling (form {form}), after: {ceil1 and round(ceil1)} TFLOP/s")
     ceils = [c for c in (ceil0, ceil1) if c]
     ceil = max(ceils) if ceils else None
 
