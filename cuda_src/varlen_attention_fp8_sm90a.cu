@@ -53,7 +53,8 @@
 // From h3kernels/_launch/varlen_attention_fp8_sm90a.py (NVRTC -D), which explains each value.
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
-    !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM)
+    !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
+    !defined(FOLD_256)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -82,6 +83,9 @@
 #endif
 #if S128 && (OVERLAP || DBG_STORE)
 #error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
+#endif
+#if FOLD_256 && DBG_STORE
+#error "DBG_STORE 2 shows the unbiased 2^(S - m)"
 #endif
 #if S_SPLIT != 1 && S_SPLIT != 2 && S_SPLIT != 4
 #error "S_SPLIT is 1, 2 or 4"
@@ -224,6 +228,12 @@ __device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(pa[kk][r])::"memory");
 }
 
+// pack_p of four probabilities whose 2^8 bias the exponent already holds with FOLD_256.
+__device__ __forceinline__ u32 pack_p_biased(float a, float b, float c, float d) {
+  if (FOLD_256) return (u32)e4m3x2_from_f32(a, b) | ((u32)e4m3x2_from_f32(c, d) << 16);
+  return pack_p(a, b, c, d);
+}
+
 // O = O * alpha + part, once part's wgmmas are waited for.
 __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1) {
 #pragma unroll
@@ -290,9 +300,13 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
   m1 = mx1;
   l0 *= a0;
   l1 *= a1;
+  // FOLD_256: P's 2^8 bias in the exponent, 256 * 2^(S - m) = 2^(S - (m - 8)) (m - 8 is exact),
+  // one FADD per score where the bias costs an FMUL more; l then sums 256 times the unbiased
+  // values (write_rows takes l / 256).
+  const float e0 = FOLD_256 ? m0 - 8.f : m0, e1 = FOLD_256 ? m1 - 8.f : m1;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    s[i] = ex2(s[i] - ((i & 2) ? m1 : m0));
+    s[i] = ex2(s[i] - ((i & 2) ? e1 : e0));
     if (i & 2)
       l1 += s[i];
     else
@@ -302,10 +316,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk) {
     const float* p = s + 16 * kk;  // n8 tiles 4kk .. 4kk + 3: keys 32kk .. 32kk + 31
-    pa[kk][0] = pack_p(p[0], p[1], p[4], p[5]);
-    pa[kk][1] = pack_p(p[2], p[3], p[6], p[7]);
-    pa[kk][2] = pack_p(p[8], p[9], p[12], p[13]);
-    pa[kk][3] = pack_p(p[10], p[11], p[14], p[15]);
+    pa[kk][0] = pack_p_biased(p[0], p[1], p[4], p[5]);
+    pa[kk][1] = pack_p_biased(p[2], p[3], p[6], p[7]);
+    pa[kk][2] = pack_p_biased(p[8], p[9], p[12], p[13]);
+    pa[kk][3] = pack_p_biased(p[10], p[11], p[14], p[15]);
   }
 }
 
@@ -672,8 +686,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
 #endif
 #if !DBG_STORE
-      write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0, l1, s_v, mu, q, out,
-                     lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
+      constexpr float l_scale = FOLD_256 ? 1.f / 256.f : 1.f;  // exact either way
+      write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0 * l_scale, l1 * l_scale,
+                     s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
 #endif
     }
 #if PINGPONG
