@@ -54,7 +54,7 @@
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
-    !defined(FOLD_256)
+    !defined(FOLD_256) || !defined(FOLD_SCALE)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -84,8 +84,8 @@
 #if S128 && (OVERLAP || DBG_STORE)
 #error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
 #endif
-#if FOLD_256 && DBG_STORE
-#error "DBG_STORE 2 shows the unbiased 2^(S - m)"
+#if (FOLD_256 || FOLD_SCALE) && DBG_STORE
+#error "DBG_STORE shows the scaled S and the unbiased 2^(S - m)"
 #endif
 #if S_SPLIT != 1 && S_SPLIT != 2 && S_SPLIT != 4
 #error "S_SPLIT is 1, 2 or 4"
@@ -253,15 +253,23 @@ template <class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
+  // FOLD_SCALE: s stays unscaled: the block maximum of the scaled scores is cb times the
+  // unscaled one (cb >= 0, and rounding is monotonic), and each score's scaling joins its
+  // subtraction of m in one FFMA; keys past the end are masked again after it (cb may be 0).
+  if (!FOLD_SCALE) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] *= (i & 2) ? cb1 : cb0;
-  if (valid < BKV) {  // CTA-uniform: only a segment's last block has keys to mask
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-      if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) s[i] = neg_inf();
+    for (int i = 0; i < 32; ++i) s[i] *= (i & 2) ? cb1 : cb0;
   }
+  auto mask = [&](float (&v)[32]) {
+    if (valid < BKV) {  // CTA-uniform: only a segment's last block has keys to mask
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) v[i] = neg_inf();
+    }
+  };
+  mask(s);
   dbg(s, 1);
-  float mx0 = m0, mx1 = m1;
+  float mx0 = FOLD_SCALE ? neg_inf() : m0, mx1 = FOLD_SCALE ? neg_inf() : m1;
 #if MAX_TREE
   // The same maxima (fmaxf is exact, so any order gives them) in 4 dependent steps, not 16
   float r0[8], r1[8];
@@ -293,6 +301,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
   }
+  if (FOLD_SCALE) {  // a block with every key masked: -inf * cb, or NaN where cb = 0; fmaxf keeps m
+    mx0 = fmaxf(m0, mx0 * cb0);
+    mx1 = fmaxf(m1, mx1 * cb1);
+  }
   // Block 0 always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
   a0 = ex2(m0 - mx0);
   a1 = ex2(m1 - mx1);
@@ -304,9 +316,14 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
   // one FADD per score where the bias costs an FMUL more; l then sums 256 times the unbiased
   // values (write_rows takes l / 256).
   const float e0 = FOLD_256 ? m0 - 8.f : m0, e1 = FOLD_256 ? m1 - 8.f : m1;
+  if (FOLD_SCALE) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
+    mask(s);
+  }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    s[i] = ex2(s[i] - ((i & 2) ? e1 : e0));
+    s[i] = ex2(FOLD_SCALE ? s[i] : s[i] - ((i & 2) ? e1 : e0));
     if (i & 2)
       l1 += s[i];
     else

@@ -44,6 +44,9 @@ ONE_BLOCK_SYNC = 1  # 1: a segment of one 64-key block computes S with mma.sync 
 FOLD_256 = 0  # 1: P's 2^8 bias in ex2's argument (2^(S - (m - 8))) instead of a multiplication of
 # each probability: one instruction less per score, P within an FP32 rounding of the argument of
 # the default's (so other bits); measured in ACCUMULATION
+FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of the running max in
+# one FFMA, the block maximum taken on the unscaled scores (one instruction less per score, one
+# rounding less: other bits); measured in ACCUMULATION
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
@@ -57,7 +60,7 @@ MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent step
 VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
             (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)))
-ACCUMULATION = ((("FOLD_256", 1),), (("ONE_BLOCK_SYNC", 0),), (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
+ACCUMULATION = ((("FOLD_256", 1),), (("FOLD_SCALE", 1),), (("FOLD_256", 1), ("FOLD_SCALE", 1)), (("ONE_BLOCK_SYNC", 0),), (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
                 (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
 SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
@@ -72,7 +75,7 @@ def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
-             MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256, H3_MMA_FORM=0)
+             MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, H3_MMA_FORM=0)
     d.update(variant)
     return d
 
