@@ -216,9 +216,8 @@ def stage_variants():
 
 
 def stage_s_split(n_sets=40):
-    """The default build and each ACCUMULATION build (S summed over 128, 64 or 32 of the head
-    dimension inside the tensor core) on short segments, where the reference's P grid holds the
-    output to 0.005: n_sets random sets of 1-3 segments (half of 1-64 tokens, half of 1-300; 1 or
+    """The default build, each ACCUMULATION build (other S sums or P roundings) and form 0 on
+    short segments, where the reference's P grid holds the output to 0.005: n_sets random sets of 1-3 segments (half of 1-64 tokens, half of 1-300; 1 or
     8 heads) and the set [64] x 1 head, seed 0 (its first miss). For one-block segments and for
     longer ones: the worst segment's rel L2 against its bound (and which); how many segments come
     within 0.8 of their bound; the sets that miss a bound. Then 4 x 4096 on 4 heads against
@@ -232,10 +231,8 @@ def stage_s_split(n_sets=40):
         cases.append((torch.randint(1, longest + 1, (n,), generator=rng).tolist(), 1 if seed % 2 else 8, seed))
     long_set = make_attention_inputs([4096] * 4, 4, device="cuda", seed=21)
     long_exact = exact_attention(*long_set[:3], long_set[4])
-    for variant in ((),) + tuple(hopper.ACCUMULATION) + ("form 0",):
-        form = 0 if variant == "form 0" else 3
-        name = variant if form == 0 else "_".join(f"{a}{b}" for a, b in variant) or f"default_S_SPLIT{hopper.S_SPLIT}"
-        variant = () if form == 0 else variant
+    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in hopper.ACCUMULATION]
+    for name, form, variant in builds + [("form 0", 0, ())]:
         worst, worst_at, near, segments, missed, first = {}, {}, 0, 0, [], None
         for lens, heads, seed in cases:
             q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, device="cuda", seed=seed)

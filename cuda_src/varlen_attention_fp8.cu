@@ -173,14 +173,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         u32 qa[4];
         ldmatrix_x4(q_smem + (q_frag ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
 #endif
-#pragma unroll
-        for (int np = 0; np < BKV / 16; ++np) {
-          u32 b[2][2];
-          ldmatrix_x4(k_base + swz128(np * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)), b[0][0], b[0][1], b[1][0],
-                      b[1][1]);
-          mma_e4m3_16832(s[2 * np], qa, b[0]);
-          mma_e4m3_16832(s[2 * np + 1], qa, b[1]);
-        }
+        s_step_mma_sync<BKV>(s, qa, k_base, ks, lane);
       }
 
       // S in log2 units; keys past the segment's end -> -inf (P = 0 there)

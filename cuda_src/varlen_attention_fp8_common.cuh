@@ -10,6 +10,25 @@
 // whose base is 1024-byte aligned, which the wgmma kernel's tiles are.
 __device__ __forceinline__ u32 swz128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
+#ifdef H3_MMA_FORM
+// One k32 step of a 64-key block's S on mma.sync m16n8k32 (the kernels' S, bit for bit, is this
+// step for ks = 0 .. 3 into zeroed tiles): qa, this warp's Q A fragment of the step; k_rows, the
+// block's 64 swizzled K rows, read by ldmatrix as the "col" B operand; s[nt], the m16n8 C tile of
+// keys 8 nt .. 8 nt + 7.
+template <int KEYS>
+__device__ __forceinline__ void s_step_mma_sync(float (&s)[KEYS / 8][4], const u32 (&qa)[4], u32 k_rows, int ks,
+                                                int lane) {
+  const int lq = lane >> 3, lr = lane & 7;  // ldmatrix: lane gives row lr of matrix lq
+#pragma unroll
+  for (int np = 0; np < KEYS / 16; ++np) {
+    u32 b[2][2];
+    ldmatrix_x4(k_rows + swz128(np * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)), b[0][0], b[0][1], b[1][0], b[1][1]);
+    mma_e4m3_16832(s[2 * np], qa, b[0]);
+    mma_e4m3_16832(s[2 * np + 1], qa, b[1]);
+  }
+}
+#endif
+
 __device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

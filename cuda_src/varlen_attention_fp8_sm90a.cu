@@ -130,9 +130,8 @@ __device__ __forceinline__ void add_s(float (&s)[32], float (&d)[32]) {
   }
 }
 
-// S of a segment's only 64-key block on mma.sync m16n8k32 (form 0's instruction, operands and
-// order: the same S bits as varlen_attention_fp8.cu), from the same swizzled tiles: ldmatrix
-// reads Q rows as A fragments and K rows as the "col" B operand, and the m16n8 C registers of
+// S of a segment's only 64-key block on mma.sync m16n8k32: varlen_attention_fp8.cu's steps
+// (s_step_mma_sync), so the same S bits, from the same swizzled tiles; the m16n8 C registers of
 // n8 tile nt are s[4 nt .. 4 nt + 3], the wgmma layout. q_rows: this warp's 16 query rows.
 __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k_rows, int lane) {
   const int lq = lane >> 3, lr = lane & 7;  // ldmatrix: lane gives row lr of matrix lq
@@ -143,13 +142,7 @@ __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k
   for (int ks = 0; ks < HD / 32; ++ks) {
     u32 qa[4];
     ldmatrix_x4(q_rows + (q_frag ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
-#pragma unroll
-    for (int np = 0; np < BKV / 16; ++np) {
-      u32 b[2][2];
-      ldmatrix_x4(k_rows + swz128(np * 16 + lr + 8 * (lq >> 1), 2 * ks + (lq & 1)), b[0][0], b[0][1], b[1][0], b[1][1]);
-      mma_e4m3_16832(*reinterpret_cast<float(*)[4]>(s + 8 * np), qa, b[0]);
-      mma_e4m3_16832(*reinterpret_cast<float(*)[4]>(s + 8 * np + 4), qa, b[1]);
-    }
+    s_step_mma_sync<BKV>(*reinterpret_cast<float(*)[BKV / 8][4]>(s), qa, k_rows, ks, lane);
   }
 }
 
@@ -184,28 +177,8 @@ __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV 
 // 0-31) and s_hi (keys 64-127: registers 32-63), each laid out as issue_s's s; not waited for.
 __device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 k_rows) {
 #pragma unroll
-  for (int k = 0; k < HD / 32; ++k) {
-    const u64 da = wgmma_desc(q_rows + 32 * k), db = wgmma_desc(k_rows + 32 * k);
-    float(&a)[32] = s_lo;
-    float(&b)[32] = s_hi;
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1;\n}\n"
-        : "+f"(a[0]), "+f"(a[1]), "+f"(a[2]), "+f"(a[3]), "+f"(a[4]), "+f"(a[5]), "+f"(a[6]), "+f"(a[7]),
-          "+f"(a[8]), "+f"(a[9]), "+f"(a[10]), "+f"(a[11]), "+f"(a[12]), "+f"(a[13]), "+f"(a[14]), "+f"(a[15]),
-          "+f"(a[16]), "+f"(a[17]), "+f"(a[18]), "+f"(a[19]), "+f"(a[20]), "+f"(a[21]), "+f"(a[22]), "+f"(a[23]),
-          "+f"(a[24]), "+f"(a[25]), "+f"(a[26]), "+f"(a[27]), "+f"(a[28]), "+f"(a[29]), "+f"(a[30]), "+f"(a[31]),
-          "+f"(b[0]), "+f"(b[1]), "+f"(b[2]), "+f"(b[3]), "+f"(b[4]), "+f"(b[5]), "+f"(b[6]), "+f"(b[7]),
-          "+f"(b[8]), "+f"(b[9]), "+f"(b[10]), "+f"(b[11]), "+f"(b[12]), "+f"(b[13]), "+f"(b[14]), "+f"(b[15]),
-          "+f"(b[16]), "+f"(b[17]), "+f"(b[18]), "+f"(b[19]), "+f"(b[20]), "+f"(b[21]), "+f"(b[22]), "+f"(b[23]),
-          "+f"(b[24]), "+f"(b[25]), "+f"(b[26]), "+f"(b[27]), "+f"(b[28]), "+f"(b[29]), "+f"(b[30]), "+f"(b[31])
-        : "l"(da), "l"(db), "r"(k));
-  }
+  for (int k = 0; k < HD / 32; ++k)
+    wgmma_m64n128k32_e4m3(s_lo, s_hi, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k);
 }
 
 // The next stage's S (issue_s128) when there is one (more); else a stand-in of the same shape
