@@ -3,7 +3,7 @@ H100/H200 in one run: its build report, its correctness against the reference, e
 and form 0 (mma.sync), and its timings beside form 0, cuDNN and flash bf16 SDPA.
 
 python bench/hopper_attention.py [--json PATH] [--debug] [--no-time] [--no-peers] [--s-split-sets N]
-                                 [--only s_split]
+                                 [--only s_split|long|probe]
 
 Stages (each caught on its own, so one failure still reports the rest; the JSON is rewritten
 after every stage):
@@ -24,6 +24,9 @@ after every stage):
             reference and against exact float64 attention, beside the reference's own error
   heads     the same two sets on 56 heads: form 3 against form 0 (rel L2, max |diff|, lse) and
             both against exact attention
+  long      1 x 16384 and 1 x 65536 (2 heads), the longest P V chains: the default build, each
+            ACCUMULATION build, form 0 and the reference against exact attention on 2048
+            sampled query rows
   time      4 x 4096 and 1 x 16384, 56 heads: whole call of forms 3 and 0 (out given,
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
             quantization passes alone (with the bytes each moves and their fraction of HBM
@@ -32,6 +35,8 @@ after every stage):
             (the ACCUMULATION builds against the bounds),
             each polled with a timeout; then every one with finite results timed, whole call
             and kernel alone
+  probe     (--only probe) the DBG_PERF builds timed beside the default, results garbage: what
+            bounds the loop (docs/hopper.md)
 The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
 import argparse
 import json
@@ -49,7 +54,8 @@ from h3kernels._launch import varlen_attention_fp8 as L
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._runtime import compiler
 from h3kernels.cli.compile_check import _nonce, parse_ptxas
-from h3kernels.testing.checks import ONE_BLOCK_KEYS, attention_misses, exact_attention, reference_bound, rel_l2
+from h3kernels.testing.checks import ONE_BLOCK_KEYS, attention_misses, exact_attention, reference_bound, reference_rows
+from h3kernels.testing.checks import rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.poison import poisoned_like
 from h3kernels.testing.timing import attention_flops, attention_quant_kernel_ms, median_ms_batched
@@ -59,6 +65,10 @@ os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
 VARIANTS = list(hopper.VARIANTS) + list(hopper.ACCUMULATION)  # all timed
+# DBG_PERF builds (cuda_src/varlen_attention_fp8_sm90a.cu), sums of: 1 no reloads of K and V, 2 a
+# constant P, 4 no wgmma, 8 no ex2; timed beside the default with --only probe to tell what bounds
+# the loop (results garbage)
+PROBES = [(("DBG_PERF", n),) for n in (1, 2, 4, 8, 1 | 2, 1 | 4, 1 | 4 | 8)]
 HBM_TBS = 4.8  # H200 SXM HBM3e peak (datasheet), for the quantization passes' bandwidth fraction
 LOG2E = 1.4426950408889634
 
@@ -153,7 +163,9 @@ def stage_debug():
         entry = {}
         for dbg, want, what, tol in ((1, s_full, "S (log2 units)", 2e-2), (2, p_want, "256 2^(S - m)", 2e-2)):
             out = torch.full_like(q, float("nan"))
-            _with_variant((("DBG_STORE", dbg), ("OVERLAP", 0), ("PINGPONG", 0), ("S128", 0)), lambda: op(q, k, v, cu_dev, cu, 3, out))
+            dbg_build = (("DBG_STORE", dbg), ("FOLD_256", 0), ("FOLD_SCALE", 0), ("OVERLAP", 0), ("PINGPONG", 0),
+                         ("S128", 0))
+            _with_variant(dbg_build, lambda: op(q, k, v, cu_dev, cu, 3, out))
             torch.cuda.synchronize()
             got = out[:, 0].double()[:, :128]
             entry[f"dbg{dbg}"] = _mismatches(got, want, tol, f"n={n} {what}")
@@ -284,6 +296,39 @@ def stage_accuracy():
     for name, lens in (("4x4096", [4096] * 4), ("mixed", [7000, 3000, 6000, 384])):
         res[name] = _accuracy(lens, 4, 21, True)
         log("accuracy", name, json.dumps(res[name]))
+    return res
+
+
+def _exact_rows(q, k, v, idx):
+    """Exact attention (float64, unquantized, default softmax_scale) of query rows idx of a set
+    that is one segment: [len(idx), heads, 128]."""
+    qs = q[idx].double().transpose(0, 1)
+    ks, vs = (x.double().transpose(0, 1) for x in (k, v))
+    p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(q.shape[-1]), dim=-1)
+    return (p @ vs).transpose(0, 1)
+
+
+def stage_long(n_rows=2048):
+    """The longest P V chains: one segment of 16384 and of 65536 keys (2 heads), the default
+    build, each ACCUMULATION build and form 0 against exact attention on n_rows sampled query
+    rows, and the reference on the same rows (the 1.1x rule)."""
+    res = {}
+    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in hopper.ACCUMULATION] + [
+        ("form 0", 0, ())]
+    for name, lens in (("1x16384", [16384]), ("1x65536", [65536])):
+        q, k, v, cu_dev, cu = make_attention_inputs(lens, 2, device="cuda", seed=41)
+        idx = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(5))[:n_rows].sort().values
+        idx = idx.to(q.device)
+        exact = _exact_rows(q, k, v, idx)
+        e = dict(ref=rel_l2(reference_rows(q, k, v, cu, idx), exact))
+        for label, form, variant in builds:
+            out = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, form, poisoned_like(q)))
+            e[label] = rel_l2(out[idx], exact)
+        e["ratios_to_form0"] = {b[0]: e[b[0]] / e["form 0"] for b in builds}
+        e["ratios_to_ref"] = {b[0]: e[b[0]] / e["ref"] for b in builds}
+        res[name] = e
+        log("long", name, json.dumps(e))
+        torch.cuda.empty_cache()
     return res
 
 
@@ -464,7 +509,7 @@ def main():
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--no-peers", action="store_true", help="skip the SDPA timings")
     p.add_argument("--s-split-sets", type=int, default=40, help="random short sets of the s_split stage")
-    p.add_argument("--only", choices=("s_split",), help="build, first and this stage alone")
+    p.add_argument("--only", choices=("s_split", "probe", "long"), help="build, first and this stage alone")
     args = p.parse_args()
     rep = dict(device=torch.cuda.get_device_name(), cc=list(torch.cuda.get_device_capability()),
                torch=torch.__version__, stages={})
@@ -489,6 +534,16 @@ def main():
         print(table(rep))
         save()
         os._exit(3)  # a hung kernel: nothing else can run on this context
+    if args.only == "probe":  # timing only: the DBG_PERF builds beside the default
+        stage("probe", lambda: stage_time(args, [()] + PROBES, forms=(), peers=False, quant=False))
+        save()
+        print(table(rep))
+        return 0
+    if args.only == "long":
+        stage("long", stage_long)
+        save()
+        print(table(rep))
+        return 0
     if args.only:
         stage(args.only, lambda: stage_s_split(args.s_split_sets))
         save()
@@ -500,6 +555,7 @@ def main():
     stage("s_split", lambda: stage_s_split(args.s_split_sets))
     stage("accuracy", stage_accuracy)
     stage("heads", stage_heads)
+    stage("long", stage_long)
     if not args.no_time:
         stage("time", lambda: stage_time(args))
     # the other builds last: a hang there (exit 3) leaves every figure above in the report

@@ -75,6 +75,21 @@
 #ifndef DBG_STORE
 #define DBG_STORE 0
 #endif
+// Measurement builds (bench/hopper_attention.py --only probe, timing only, results garbage):
+// DBG_PERF is a sum of flags: 1 loads K and V only for a CTA's first tile (later stages read
+// what the ring holds), 2 replaces the softmax by a constant P, 4 issues no wgmma, 8 replaces each
+// score's ex2 by a multiplication: which of the loads, the softmax, its special-function unit and
+// the matrix products bounds the loop (docs/hopper.md, "What bounds the loop").
+#ifndef DBG_PERF
+#define DBG_PERF 0
+#endif
+// O_IN_CORE 1 (measured, not shipped): each block's P V accumulates onto O in the tensor core
+// (O scaled by alpha in registers first) instead of into a zeroed partial added in FP32, so that
+// a segment's whole P V chain meets inside the tensor core; 64 registers fewer. 2: the same, a
+// warp skipping the scaling where every alpha is 1.
+#ifndef O_IN_CORE
+#define O_IN_CORE 0
+#endif
 // S128 1 or 2: S of a whole 128-key stage in one wgmma group (m64n128k32, 4 k32 steps), its
 // two 64-key halves then taken in order with the arithmetic above, and the stage's wgmmas
 // software-pipelined (two orders: see the S128 loops). 0: one 64-key block at a time.
@@ -84,7 +99,7 @@
 #if S128 && (OVERLAP || DBG_STORE)
 #error "S128 has its own schedule (no OVERLAP) and no DBG_STORE"
 #endif
-#if (FOLD_256 || FOLD_SCALE) && DBG_STORE
+#if (FOLD_256 || FOLD_SCALE || DBG_PERF) && DBG_STORE
 #error "DBG_STORE shows the scaled S and the unbiased 2^(S - m)"
 #endif
 #if S_SPLIT != 1 && S_SPLIT != 2 && S_SPLIT != 4
@@ -92,6 +107,9 @@
 #endif
 #if H3_MMA_FORM != 0
 #error "the one-block S path uses the legacy e4m3 mma.sync (form 0)"
+#endif
+#if O_IN_CORE && (OVERLAP || S128 == 2 || DBG_STORE)
+#error "O_IN_CORE takes the block loop's or S128 1's order"
 #endif
 #if S_SPLIT != 1 && (OVERLAP || S128)
 #error "S_SPLIT borrows the P V partial's registers, which OVERLAP and S128 keep in flight under S"
@@ -117,8 +135,10 @@ __device__ __forceinline__ void turn_pass(int consumer) {
 
 // S of one 64-key block (4 k32 steps over the head dimension) into s, issued, not waited for.
 __device__ __forceinline__ void issue_s(float (&s)[32], u32 q_rows, u32 k_rows) {
+  if (DBG_PERF & 4) return;
+  const u32 dq = wgmma_desc_lo(q_rows), dk = wgmma_desc_lo(k_rows);
 #pragma unroll
-  for (int k = 0; k < HD / 32; ++k) wgmma_m64n64k32_e4m3(s, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k);
+  for (int k = 0; k < HD / 32; ++k) wgmma_m64n64k32_e4m3(s, wgmma_desc_at(dq, 32 * k), wgmma_desc_at(dk, 32 * k), k);
 }
 
 // s += d once d's wgmmas are waited for.
@@ -152,11 +172,12 @@ __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k
 __device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows) {
   constexpr int steps = HD / 32 / S_SPLIT;  // k32 steps per span
   float d[S_SPLIT > 1 ? S_SPLIT - 1 : 1][32];  // spans 1.. (span 0 goes to s)
+  const u32 dq = wgmma_desc_lo(q_rows), dk = wgmma_desc_lo(k_rows);
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < HD / 32; ++k) {
     float(&acc)[32] = k < steps ? s : d[k < steps ? 0 : k / steps - 1];
-    wgmma_m64n64k32_e4m3(acc, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k % steps);
+    wgmma_m64n64k32_e4m3(acc, wgmma_desc_at(dq, 32 * k), wgmma_desc_at(dk, 32 * k), k % steps);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -169,16 +190,36 @@ __device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows
 // P . V of one 64-key block into the zeroed partial `part`, issued, not waited for. v_keys: the
 // block's first key column in the stage's V^T rows.
 __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys) {
+  if (DBG_PERF & 4) return;
+  const u32 dv = wgmma_desc_lo(v_keys);
 #pragma unroll
-  for (int kk = 0; kk < BKV / 32; ++kk) wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc(v_keys + 32 * kk), kk);
+  for (int kk = 0; kk < BKV / 32; ++kk)
+    wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc_at(dv, 32 * kk), O_IN_CORE || kk > 0);
+}
+
+// The P V accumulator of a block: the zeroed partial, or with O_IN_CORE O itself, scaled here by
+// the block's alpha first (O is not in flight then: every caller has waited for its last P V).
+__device__ __forceinline__ float (&pv_target(float (&o)[64], float (&part)[64], float a0, float a1))[64] {
+  if (O_IN_CORE) {
+    // alpha is 1 exactly where a row's max held: a warp whose 16 rows all held skips the
+    // multiplications (the same bits), as most blocks of a long segment do
+    if (!(O_IN_CORE == 2 && __all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f))) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= (i & 2) ? a1 : a0;
+    }
+    return o;
+  }
+  return part;
 }
 
 // S of one 128-key stage (4 k32 steps of m64n128k32) into s_lo (keys 0-63: fragment registers
 // 0-31) and s_hi (keys 64-127: registers 32-63), each laid out as issue_s's s; not waited for.
 __device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 k_rows) {
+  if (DBG_PERF & 4) return;
+  const u32 dq = wgmma_desc_lo(q_rows), dk = wgmma_desc_lo(k_rows);
 #pragma unroll
   for (int k = 0; k < HD / 32; ++k)
-    wgmma_m64n128k32_e4m3(s_lo, s_hi, wgmma_desc(q_rows + 32 * k), wgmma_desc(k_rows + 32 * k), k);
+    wgmma_m64n128k32_e4m3(s_lo, s_hi, wgmma_desc_at(dq, 32 * k), wgmma_desc_at(dk, 32 * k), k);
 }
 
 // The next stage's S (issue_s128) when there is one (more); else a stand-in of the same shape
@@ -207,10 +248,15 @@ __device__ __forceinline__ u32 pack_p_biased(float a, float b, float c, float d)
   return pack_p(a, b, c, d);
 }
 
-// O = O * alpha + part, once part's wgmmas are waited for.
+// O = O * alpha + part, once part's wgmmas are waited for (with O_IN_CORE the tensor core has
+// added the block to O already).
 __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
+    if (O_IN_CORE) {
+      fence_regs(o[i]);
+      continue;
+    }
     fence_regs(part[i]);  // the additions read part only after the wait
     o[i] = fmaf(o[i], (i & 2) ? a1 : a0, part[i]);
   }
@@ -226,6 +272,17 @@ template <class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
+  if (DBG_PERF & 2) {
+#pragma unroll
+    for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = 0x38383838u;  // e4m3 1.0
+    a0 = a1 = 1.f;
+    l0 += 1.f;
+    l1 += 1.f;
+    m0 = m1 = 0.f;
+    return;
+  }
   // FOLD_SCALE: s stays unscaled: the block maximum of the scaled scores is cb times the
   // unscaled one (cb >= 0, and rounding is monotonic), and each score's scaling joins its
   // subtraction of m in one FFMA; keys past the end are masked again after it (cb may be 0).
@@ -296,7 +353,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
   }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    s[i] = ex2(FOLD_SCALE ? s[i] : s[i] - ((i & 2) ? e1 : e0));
+    const float x = FOLD_SCALE ? s[i] : s[i] - ((i & 2) ? e1 : e0);
+    s[i] = (DBG_PERF & 8) ? x * 0.0625f : ex2(x);
     if (i & 2)
       l1 += s[i];
     else
@@ -357,6 +415,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll 1
         for (int j = 0; j * STAGE_KEYS < len; ++j) {
           mbar_wait(&empty[stage], phase ^ 1);
+          if ((DBG_PERF & 1) && tile != (int)blockIdx.x) {
+            mbar_arrive(&full[stage]);
+            if (++stage == STAGES) {
+              stage = 0;
+              phase ^= 1;
+            }
+            continue;
+          }
           mbar_arrive_expect_tx(&full[stage], STAGE_BYTES);
           const u32 dst = ring + stage * STAGE_BYTES;
           tma_load_2d(dst, &map_k, h * HD, start + j * STAGE_KEYS, &full[stage]);
@@ -435,8 +501,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t,
                       [&](const float (&v)[32], int which) { dbg(v, which, j); });
+        float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(part, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV);
+        issue_pv(acc, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV);
         wgmma_commit();
         wgmma_wait<0>();
         add_block(o, part, a0, a1);
@@ -566,8 +633,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
         const bool has_hi = valid > BKV;          // CTA-uniform
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
+        float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(part, pa, stage_base + K_BYTES);
+        issue_pv(acc, pa, stage_base + K_BYTES);
         wgmma_commit();
         softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
                       [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
@@ -586,11 +654,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(&full[stage], phase);
         }
         // Two groups, each issued on every path (stand-ins where there is nothing to compute)
+        float(&acc_hi)[64] = pv_target(o, part, b0, b1);  // without a high half b is 1 exactly
 #if PINGPONG
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        issue_pv(part, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
+        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
         wgmma_commit();
         issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();

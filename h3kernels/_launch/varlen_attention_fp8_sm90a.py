@@ -41,26 +41,27 @@ S_SPLIT = 1  # S of a block with 128 / S_SPLIT of the head dimension summed insi
 ONE_BLOCK_SYNC = 1  # 1: a segment of one 64-key block computes S with mma.sync (form 0's S, bit
 # for bit), since there the reference's P grid holds the output to 0.005, which S summed in the
 # FP8 tensor cores misses on some sets; longer segments (bound 0.03) keep wgmma
-FOLD_256 = 0  # 1: P's 2^8 bias in ex2's argument (2^(S - (m - 8))) instead of a multiplication of
-# each probability: one instruction less per score, P within an FP32 rounding of the argument of
-# the default's (so other bits); measured in ACCUMULATION
-FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of the running max in
+FOLD_256 = 1  # 1: P's 2^8 bias in ex2's argument (2^(S - (m - 8))) instead of a multiplication of
+# each probability: one instruction less per score, P from an argument within an FP32 rounding of
+# the unfolded one (so other bits than 0); 0 is measured in ACCUMULATION
+FOLD_SCALE = 1  # 1: each score's scaling to log2 units and its subtraction of the running max in
 # one FFMA, the block maximum taken on the unscaled scores (one instruction less per score, one
-# rounding less: other bits); measured in ACCUMULATION
+# rounding less: other bits than 0). Both 1: 0.91x / 0.90x the unfolded kernel's time at
+# 4 x 4096 / 1 x 16384 (H200, docs/hopper.md "What bounds the loop")
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
 # serialized by a ptxas we build with (12.8, the cuda12 extra's, and 12.9): their pipelined loops
 # issue every wgmma on every path (one issued under a condition while others were in flight had
 # ptxas serialize them all: C7513 in the OVERLAP builds under 12.8, C7515 in the S128 builds;
-# a stand-in with P = 0 or an unread S takes its place). ACCUMULATION: other S sums or P roundings
+# a stand-in with P = 0 or an unread S takes its place). ACCUMULATION: other S sums, P roundings or O sums
 # (so other bits), measured for their error and time. bench/hopper_attention.py checks and times both;
 # tests/test_varlen_attention_fp8_sm90a.py builds both (no spills, no serialized wgmma, no wgmma
 # register touched in flight). docs/hopper.md has the figures.
 VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
             (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)))
-ACCUMULATION = ((("FOLD_256", 1),), (("FOLD_SCALE", 1),), (("FOLD_256", 1), ("FOLD_SCALE", 1)), (("ONE_BLOCK_SYNC", 0),),
+ACCUMULATION = ((("FOLD_256", 0), ("FOLD_SCALE", 0)), (("O_IN_CORE", 1),), (("O_IN_CORE", 2),), (("ONE_BLOCK_SYNC", 0),),
                 (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
                 (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
