@@ -79,7 +79,8 @@
 // DBG_PERF is a sum of flags: 1 loads K and V only for a CTA's first tile (later stages read
 // what the ring holds), 2 replaces the softmax by a constant P, 4 issues no wgmma, 8 replaces each
 // score's ex2 by a multiplication: which of the loads, the softmax, its special-function unit and
-// the matrix products bounds the loop (docs/hopper.md, "What bounds the loop").
+// the matrix products bounds the loop (docs/hopper.md, "What bounds the loop"); 16 runs each
+// softmax twice (softmax_block).
 #ifndef DBG_PERF
 #define DBG_PERF 0
 #endif
@@ -269,7 +270,7 @@ __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], flo
 // fragments of the block's two k32 steps. s[4 nt + r] is the mma.sync C register r of n8 tile
 // nt, so the packing is the mma.sync kernel's. dbg(s, 1) sees the masked S, dbg(s, 2) 2^(S - m).
 template <class Dbg>
-__device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
+__device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
   if (DBG_PERF & 2) {
@@ -369,6 +370,34 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     pa[kk][2] = pack_p_biased(p[8], p[9], p[12], p[13]);
     pa[kk][3] = pack_p_biased(p[10], p[11], p[14], p[15]);
   }
+}
+
+// DBG_PERF 16: a second, independent softmax of the same block beside each one (its P folded in
+// by XOR, so that it is not dropped): twice the softmax's work on two chains per warp, which
+// tells a throughput-bound loop (twice the time) from a latency-bound one (less).
+template <class Dbg>
+__device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
+                                              float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
+                                              int valid, int t, Dbg dbg) {
+  if (DBG_PERF & 16) {
+    float s2[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s2[i] = s[i] * 1.0001f;
+    u32 p2[BKV / 32][4];
+    float n0 = m0, n1 = m1, k0 = l0, k1 = l1, b0, b1;
+    softmax_block_(s2, p2, n0, n1, k0, k1, b0, b1, cb0, cb1, valid, t, dbg);
+    softmax_block_(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
+#pragma unroll
+    for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] ^= p2[kk][r];
+    l0 += k0 * 1e-30f;
+    l1 += k1 * 1e-30f;
+    a0 += b0 * 1e-30f;
+    a1 += b1 * 1e-30f;
+    return;
+  }
+  softmax_block_(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
