@@ -35,8 +35,8 @@ after every stage):
             (the ACCUMULATION builds against the bounds),
             each polled with a timeout; then every one with finite results timed, whole call
             and kernel alone
-  probe     (--only probe) the DBG_PERF builds timed beside the default, results garbage: what
-            bounds the loop (docs/hopper.md)
+  probe     (--only probe) the DBG_PERF builds timed beside the default on 4 x 4096, 1 x 16384
+            and 16 x 1024, results garbage: what bounds the loop (docs/hopper.md)
 The last lines are a table; the JSON goes to --json (default $OUT/hopper_attention.json)."""
 import argparse
 import json
@@ -66,9 +66,10 @@ T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
 VARIANTS = list(hopper.VARIANTS) + list(hopper.ACCUMULATION)  # all timed
 # DBG_PERF builds (cuda_src/varlen_attention_fp8_sm90a.cu), sums of: 1 no reloads of K and V, 2 a
-# constant P, 4 no wgmma, 8 no ex2, 16 each softmax twice; timed beside the default with --only
-# probe to tell what bounds the loop (results garbage)
-PROBES = [(("DBG_PERF", n),) for n in (1, 2, 4, 8, 1 | 2, 1 | 4, 1 | 4 | 8, 16, 1 | 4 | 16, 1 | 4 | 8 | 16)]
+# constant P, 4 no wgmma, 8 no ex2, 16 each softmax twice, 32 no epilogue; timed beside the
+# default with --only probe (16 x 1024 too: its tiles are short) to tell what bounds the loop
+# (results garbage)
+PROBES = [(("DBG_PERF", n),) for n in (1, 2, 4, 8, 1 | 2, 1 | 4, 1 | 4 | 8, 16, 1 | 4 | 16, 1 | 4 | 8 | 16, 32)]
 HBM_TBS = 4.8  # H200 SXM HBM3e peak (datasheet), for the quantization passes' bandwidth fraction
 LOG2E = 1.4426950408889634
 
@@ -381,11 +382,14 @@ def _captured_launch(q, k, v, cu_dev, cu, form, out):
     return got["fn"]
 
 
-def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True):
+TIME_SETS = (("4x4096", [4096] * 4), ("1x16384", [16384]))
+
+
+def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True, sets=TIME_SETS):
     from h3kernels.peers.torch_attention import SegmentedSDPA
 
     res = {}
-    for name, lens in (("4x4096", [4096] * 4), ("1x16384", [16384])):
+    for name, lens in sets:
         q, k, v, cu_dev, cu = make_attention_inputs(lens, 56, device="cuda", seed=31)
         flops = attention_flops(lens, 56)
         row = dict(tflop=flops / 1e12)
@@ -535,7 +539,8 @@ def main():
         save()
         os._exit(3)  # a hung kernel: nothing else can run on this context
     if args.only == "probe":  # timing only: the DBG_PERF builds beside the default
-        stage("probe", lambda: stage_time(args, [()] + PROBES, forms=(), peers=False, quant=False))
+        stage("probe", lambda: stage_time(args, [()] + PROBES, forms=(), peers=False, quant=False,
+                                          sets=TIME_SETS + (("16x1024", [1024] * 16),)))
         save()
         print(table(rep))
         return 0
