@@ -471,7 +471,8 @@ def quant_pass_bytes(lens, heads):
 
 def table(rep):
     lines = []
-    t = rep["stages"].get("time") or {}
+    probe = rep["stages"].get("probe")
+    t = probe or rep["stages"].get("time") or {}
     tv = rep["stages"].get("time_variants") or {}
     if isinstance(t, dict) and "error" not in t:
         if isinstance(tv, dict) and "error" not in tv:
@@ -479,6 +480,8 @@ def table(rep):
         keys = ["call_form3", "kernel_form3", "call_form0", "kernel_form0", "quant_passes", "cudnn_sdpa_bf16",
                 "flash_sdpa_bf16"] + [f"{w}_form3_" + "_".join(f"{a}{b}" for a, b in v) for v in VARIANTS
                                       for w in ("call", "kernel")]
+        if probe:
+            keys = [f"kernel_form3_{'_'.join(f'{a}{b}' for a, b in v)}" for v in [()] + PROBES]
         sets = list(t)
         lines.append(f"{'56 heads':<32}" + "".join(f"{n:>22}" for n in sets))
         for k in keys:
