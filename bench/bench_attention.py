@@ -24,8 +24,12 @@ Methods, per set:
   ceiling       the e4m3 ceiling of each variant's instruction family (h3kernels.cli.bench.
                 ceiling_tflops: wgmma for form 3, mma.sync otherwise), before and after the sets;
                 the higher is used, and each variant's %ceil is against its own family's
+  kernel alone  the attention kernel of each variant alone: its launch recorded in one call and
+                replayed on the workspace that call left (testing.timing.attention_kernel_alone)
   quant share   the operator's quantization passes alone (varlen_attention_fp8_quant.launch with
-                the arguments _run gives it, own workspace, back-to-back launches), over ours
+                the arguments _run gives it, own workspace, back-to-back launches), over ours;
+                and their bytes over time against a torch copy of as many bytes in the same run
+                (the HBM rate measured: the passes' goal is 70% of it)
 FLOPs = 4 * sum(L^2) * heads * 128 for every method. CUDA-event medians after warm-up: "call" is
 one call with the GPU idle at its start (host latency included), "stream" back-to-back calls
 (host work overlapped); TFLOP/s and ratios use "stream" (the same as "call" above 50 ms). Every
@@ -54,8 +58,8 @@ from h3kernels._runtime.targets import WGMMA_FORM, form_family, offered_forms
 from h3kernels.testing.checks import reference_rows, rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.constants import H3_HEADS
-from h3kernels.testing.timing import attention_flops
-from h3kernels.testing.timing import median_ms, median_ms_batched
+from h3kernels.testing.timing import attention_flops, attention_kernel_alone, attention_quant_pass_bytes
+from h3kernels.testing.timing import copy_bandwidth_gbs, median_ms, median_ms_batched
 from h3kernels.peers.torch_attention import SegmentedSDPA
 
 from bench_common import ceiling_tflops, elapsed, host_ms, log, short
@@ -277,9 +281,20 @@ def run_ours(r, args, st, dev):
         from h3kernels.testing.timing import attention_quant_kernel_ms
 
         qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host)
+        # their bytes against a torch copy of as many bytes in this run (the HBM rate measured)
+        nbytes = attention_quant_pass_bytes(r["lens"], r["heads"])
+        moved = sum(b for n, b in nbytes.items() if n != "needed")
+        copy_gbs, _ = copy_bandwidth_gbs(moved)
+        gbs = moved / (qm * 1e-3) / 1e9
+        r["quant_bandwidth"] = dict(ms=qm, bytes=moved, gbs=gbs, copy_gbs=copy_gbs, of_copy=gbs / copy_gbs,
+                                    each_of_copy={n: nbytes[n] / (ms * 1e-3) / 1e9 / copy_gbs
+                                                  for n, ms in each.items() if n in nbytes})
         for o in timed:
             o.update(quant_ms=qm, quant_share=qm / o["stream_ms"], quant_pass_ms=each,
                      quant_timed_as="varlen_attention_fp8_quant.launch alone")
+        log(f"  {r['name']}: quantization passes move {moved / 1e9:.2f} GB at {gbs:.0f} GB/s = "
+            f"{gbs / copy_gbs:.2f} of a torch copy of as many bytes ({copy_gbs:.0f} GB/s); each: "
+            + ", ".join(f"{n} {f:.2f}" for n, f in r["quant_bandwidth"]["each_of_copy"].items()))
         log(f"  {r['name']}: quantization passes {qm:.4f} ms = "
             + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["variants"].items() if "stream_ms" in o)
             + " (" + ", ".join(f"{n} {ms:.4f}" for n, ms in each.items()) + " ms)")
@@ -331,6 +346,12 @@ def run_variant(r, name, o, s, st, args):
         o.update(measure(ours, flops, args))
         if first is not None:
             o["bitwise_repeat"] = bool(torch.equal(out[idx], first))
+        try:  # the attention kernel alone: its launch replayed on the workspace the call left
+            kernel = attention_kernel_alone(ours)
+            kms = median_ms_batched(kernel, batch=o["batch"], warmup=1, reps=max(3, o["reps"] // 2))
+            o.update(kernel_ms=kms, kernel_tflops=flops / kms / 1e9)
+        except Exception as err:
+            o["kernel_error"] = short(err, 300)
         o["host_ms"] = host_ms(ours, calls=1)
         acc = []
         if "rel_l2_vs_ref" in o:
@@ -339,6 +360,8 @@ def run_variant(r, name, o, s, st, args):
             acc.append(f"vs h3kernels.reference rel L2 {o['rel_l2_vs_h3ref']:.4f}")
         if first is not None:
             acc.append(f"non-finite {o['nonfinite_in_sample']}, bitwise repeat {o['bitwise_repeat']}")
+        if "kernel_ms" in o:
+            acc.insert(0, f"kernel alone {o['kernel_ms']:.3f} ms = {o['kernel_tflops']:.0f} TFLOP/s")
         log(f"  {tag}: ours {fmt_t(o)}; first call {o['first_call_s']:.2f} s; host {o['host_ms']:.3f} ms/call; "
             + ("; ".join(acc) if acc else "no reference"))
     except Exception as err:
@@ -366,7 +389,8 @@ def table(results, ceils, device, st):
     heads = results[0]["heads"] if results else H3_HEADS
     lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 ceilings "
              + ceilings_text(ceils) + "; TFLOP/s from stream times; (x) = ours / peer ==",
-             f"{'set':>18} {'variant':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'quant%':>7} "
+             f"{'set':>18} {'variant':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'kern ms':>8} "
+             f"{'kTF/s':>5} {'k%ceil':>6} {'quant%':>7} "
              f"{'relL2':>7} {'vs h3ref':>8} |" + "".join(f" {label:>{w}}" for _, label in PEERS)]
     for r in results:
         for vname, o in variants_of(r):
@@ -379,6 +403,9 @@ def table(results, ceils, device, st):
                      f"{o['call_ms']:9.3f}" if ok else f"{'':>9}",
                      f"{tf:5.0f}" if ok else f"{'':>5}",
                      f"{tf / ceil:6.1%}" if ok and ceil else f"{'':>6}",
+                     f"{o['kernel_ms']:8.3f}" if "kernel_ms" in o else f"{'-':>8}",
+                     f"{o['kernel_tflops']:5.0f}" if "kernel_ms" in o else f"{'':>5}",
+                     f"{o['kernel_tflops'] / ceil:6.1%}" if "kernel_ms" in o and ceil else f"{'':>6}",
                      f"{o['quant_share']:7.2%}" if "quant_share" in o else f"{'-':>7}",
                      f"{o['rel_l2_vs_ref']:7.4f}" if "rel_l2_vs_ref" in o else f"{'-':>7}",
                      (f"{h3:7.4f}" + ("!" if h3 > H3REF_OK_REL_L2 else " ")) if h3 is not None else f"{'-':>8}"]
@@ -393,6 +420,12 @@ def table(results, ceils, device, st):
                     cell = "-" if p.get("absent") or not p else "failed"
                 line += f" {cell:>{w}}"
             lines.append(line)
+    bw = [f"{r['name']} {b['ms']:.3f} ms, {b['of_copy']:.2f} of copy ({b['copy_gbs']:.0f} GB/s)"
+          for r in results for b in [r.get("quant_bandwidth")] if b]
+    if bw:
+        lines.append("quantization passes (bytes over time, against a torch copy of as many bytes in this run): "
+                     + "; ".join(bw))
+    lines.append("kern ms: the attention kernel alone (its launch replayed), TF/s and share of the ceiling likewise")
     lines.append("* per-segment SDPA calls (one per segment), not one varlen call;  ! peer rel L2 vs the "
                  f"reference > {PEER_OK_REL_L2};  relL2: ours vs the reference on sampled tokens (expected ~0.05)")
     lines.append("variant: the kernel family (fp8_mma_form); vs h3ref: "
@@ -418,7 +451,7 @@ def table(results, ceils, device, st):
     errs = set()
     for r in results:
         for vname, o in variants_of(r):
-            for key in ("error", "quant_error"):
+            for key in ("error", "quant_error", "kernel_error"):
                 if o.get(key):
                     errs.add((vname + ": " if vname else "") + o[key])
         if r.get("h3ref_error"):
@@ -444,7 +477,7 @@ WGMMA_X_CUDNN = {"4x4096": 1.3, "1x16384": 1.6, "7000+3000+6000+384": 1.3, "16x1
 def targets(results, ceils):
     """The goals per variant: the mma.sync family at 50% of its ceiling (4 x 4096, 1 x 16384)
     with the quantization passes under 10% of the call (4 x 4096); the wgmma family
-    WGMMA_X_CUDNN times cuDNN's speed."""
+    WGMMA_X_CUDNN times cuDNN's speed; the passes at 70% of a torch copy's rate (4 x 4096)."""
     t = {}
     for r in results:
         for vname, o in variants_of(r):
@@ -470,6 +503,10 @@ def targets(results, ceils):
                     t[f"quant_4x4096{suffix}"] = f"{q:.2f}% ({'met' if q < 10 else 'NOT met'}, < 10%)"
                 else:
                     t[f"quant_4x4096{suffix}"] = "n/a"
+    for r in results:  # the passes (the same for every family): 70% of the copy rate of the run
+        b = r.get("quant_bandwidth")
+        if b and r["name"] == "4x4096":
+            t["quant_of_copy_4x4096"] = f"{b['of_copy']:.2f} ({'met' if b['of_copy'] >= 0.70 else 'NOT met'}, >= 0.70)"
     return t
 
 
@@ -491,6 +528,10 @@ def summary(results, ceils):
                     e[pre + "pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
                 if "quant_share" in o:
                     e[pre + "quant_pct"] = round(100 * o["quant_share"], 2)
+                if "kernel_ms" in o:
+                    e.update({pre + "kernel_ms": round(o["kernel_ms"], 4), pre + "kernel_tf": round(o["kernel_tflops"], 1)})
+                    if ceil:
+                        e[pre + "kernel_pct_ceil"] = round(100 * o["kernel_tflops"] / ceil, 1)
                 if "rel_l2_vs_ref" in o:
                     e[pre + "rel_l2"] = round(o["rel_l2_vs_ref"], 4)
                 if "rel_l2_vs_h3ref" in o:
@@ -502,6 +543,8 @@ def summary(results, ceils):
                         e[pre + "x_" + key] = round(o["tflops"] / r[key]["tflops"], 3)
             elif "error" in o:
                 e[pre + "ours"] = "failed: " + o["error"][:120]
+        if r.get("quant_bandwidth"):
+            e["quant_of_copy"] = round(r["quant_bandwidth"]["of_copy"], 3)
         s[r["name"]] = e
     s["targets"] = targets(results, ceils)
     return s

@@ -50,7 +50,6 @@ import torch
 
 import h3kernels
 from h3kernels import reference as R
-from h3kernels._launch import varlen_attention_fp8 as L
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._runtime import compiler
 from h3kernels.cli.compile_check import _nonce, parse_ptxas
@@ -58,7 +57,8 @@ from h3kernels.testing.checks import ONE_BLOCK_KEYS, attention_misses, exact_att
 from h3kernels.testing.checks import rel_l2
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.poison import poisoned_like
-from h3kernels.testing.timing import attention_flops, attention_quant_kernel_ms, median_ms_batched
+from h3kernels.testing.timing import attention_flops, attention_kernel_alone, attention_quant_kernel_ms
+from h3kernels.testing.timing import attention_quant_pass_bytes, median_ms_batched
 
 OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
@@ -345,41 +345,7 @@ def stage_heads():
 def _captured_launch(q, k, v, cu_dev, cu, form, out):
     """A call of the operator, with the attention kernel's launch captured: a function that
     launches that kernel alone again (the workspace stays as the call left it)."""
-    got = {}
-    if form == hopper.FORM:
-        original = hopper.launch
-
-        def record(call, n_tiles, maps, values, variant=()):
-            got["fn"] = lambda: original(call, n_tiles, maps, values, variant)
-            return original(call, n_tiles, maps, values, variant)
-
-        hopper.launch = record
-        try:
-            op(q, k, v, cu_dev, cu, form, out)
-        finally:
-            hopper.launch = original
-    else:
-        original = L.attention_kernel
-
-        class Recorder:
-            def __init__(self, f):
-                self.f = f
-
-            def launch(self, *a):
-                got["fn"] = lambda: self.f.launch(*a)
-                return self.f.launch(*a)
-
-        def patched(device_id, form_):
-            f, cap = original(device_id, form_)
-            return Recorder(f), cap
-
-        L.attention_kernel = patched
-        try:
-            op(q, k, v, cu_dev, cu, form, out)
-        finally:
-            L.attention_kernel = original
-    torch.cuda.synchronize()
-    return got["fn"]
+    return attention_kernel_alone(lambda: op(q, k, v, cu_dev, cu, form, out))
 
 
 TIME_SETS = (("4x4096", [4096] * 4), ("1x16384", [16384]))
@@ -452,21 +418,7 @@ def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True, sets=TIM
     return res
 
 
-def quant_pass_bytes(lens, heads):
-    """{pass: bytes it reads and writes} for segments `lens` (the launches of
-    _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
-    partial sums per key block and channel), and "needed": reading q, k, v once and writing
-    q8, k8, v8t once, the least any scheme moves."""
-    tokens, blocks = sum(lens), sum(-(-n // 128) for n in lens)
-    e, segs = tokens * heads * 128, len(lens)
-    part = 2 * blocks * heads * 128 * 4  # the K and V partial sums
-    seg_stats = 2 * segs * heads * 128 * 4  # mu, s_v
-    return {"q_kernel": 2 * e + e + 4 * tokens * heads,
-            "kv_block_kernel": 4 * e + part,
-            "kv_segment_kernel": part + seg_stats,
-            "k_quant_kernel": 2 * e + e + segs * heads * 128 * 4 + 4 * blocks * heads,
-            "v_quant_kernel": 2 * e + blocks * 128 * heads * 128 + segs * heads * 128 * 4,
-            "needed": 3 * (2 * e + e)}
+quant_pass_bytes = attention_quant_pass_bytes
 
 
 def table(rep):

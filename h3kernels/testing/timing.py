@@ -166,6 +166,61 @@ extern "C" __global__ void h3_spin(unsigned long long ns) {
 """
 
 
+def attention_quant_pass_bytes(lens, heads):
+    """{pass: bytes it reads and writes} for segments `lens` (the launches of
+    _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
+    partial sums per key block and channel), and "needed": reading q, k, v once and writing
+    q8, k8, v8t once, the least any scheme moves."""
+    tokens, blocks = sum(lens), sum(-(-n // 128) for n in lens)
+    e, segs = tokens * heads * 128, len(lens)
+    part = 2 * blocks * heads * 128 * 4  # the K and V partial sums
+    seg_stats = 2 * segs * heads * 128 * 4  # mu, s_v
+    return {"q_kernel": 2 * e + e + 4 * tokens * heads,
+            "kv_block_kernel": 4 * e + part,
+            "kv_segment_kernel": part + seg_stats,
+            "k_quant_kernel": 2 * e + e + segs * heads * 128 * 4 + 4 * blocks * heads,
+            "v_quant_kernel": 2 * e + blocks * 128 * heads * 128 + segs * heads * 128 * 4,
+            "needed": 3 * (2 * e + e)}
+
+
+def attention_kernel_alone(call):
+    """Runs call() (one call of minimax_h3_varlen_attention_fp8) with the attention kernel's launch
+    recorded, whichever family launches it, and returns a function that launches that kernel
+    alone again on the same arguments (the workspace stays as the call left it: the quantization
+    passes are not rerun)."""
+    import torch
+
+    from h3kernels._launch import varlen_attention_fp8 as mma_sync
+    from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+
+    got = {}
+    hopper_launch, mma_sync_kernel = hopper.launch, mma_sync.attention_kernel
+
+    def record_hopper(launch_call, n_tiles, maps, values, variant=()):
+        got["fn"] = lambda: hopper_launch(launch_call, n_tiles, maps, values, variant)
+        return hopper_launch(launch_call, n_tiles, maps, values, variant)
+
+    class Recorder:
+        def __init__(self, f):
+            self.f = f
+
+        def launch(self, *a):
+            got["fn"] = lambda: self.f.launch(*a)
+            return self.f.launch(*a)
+
+    def record_mma_sync(device_id, form):
+        f, cap = mma_sync_kernel(device_id, form)
+        return Recorder(f), cap
+
+    hopper.launch, mma_sync.attention_kernel = record_hopper, record_mma_sync
+    try:
+        call()
+    finally:
+        hopper.launch, mma_sync.attention_kernel = hopper_launch, mma_sync_kernel
+    torch.cuda.synchronize()
+    return got["fn"]
+
+
 def occupy_gpu(ms):
     """Enqueues one kernel that keeps the GPU busy for about `ms` milliseconds on torch's
     current stream (it spins on the global timer, so clocks do not change its length)."""
