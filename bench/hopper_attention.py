@@ -300,15 +300,6 @@ def stage_accuracy():
     return res
 
 
-def _exact_rows(q, k, v, idx):
-    """Exact attention (float64, unquantized, default softmax_scale) of query rows idx of a set
-    that is one segment: [len(idx), heads, 128]."""
-    qs = q[idx].double().transpose(0, 1)
-    ks, vs = (x.double().transpose(0, 1) for x in (k, v))
-    p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(q.shape[-1]), dim=-1)
-    return (p @ vs).transpose(0, 1)
-
-
 def stage_long(n_rows=2048):
     """The longest P V chains: one segment of 16384 and of 65536 keys (2 heads), the default
     build, each ACCUMULATION build and form 0 against exact attention on n_rows sampled query
@@ -320,7 +311,7 @@ def stage_long(n_rows=2048):
         q, k, v, cu_dev, cu = make_attention_inputs(lens, 2, device="cuda", seed=41)
         idx = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(5))[:n_rows].sort().values
         idx = idx.to(q.device)
-        exact = _exact_rows(q, k, v, idx)
+        exact = exact_attention(q, k, v, cu, rows=idx)
         e = dict(ref=rel_l2(reference_rows(q, k, v, cu, idx), exact))
         for label, form, variant in builds:
             out = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, form, poisoned_like(q)))
@@ -392,7 +383,7 @@ def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True, sets=TIM
         if quant:
             try:
                 total, each = attention_quant_kernel_ms(q, k, v, cu_dev, cu)
-                nbytes = quant_pass_bytes(lens, 56)
+                nbytes = attention_quant_pass_bytes(lens, 56)
                 frac = lambda b, ms: b / (ms * 1e-3) / (HBM_TBS * 1e12)  # noqa: E731
                 moved = sum(b for n, b in nbytes.items() if n != "needed")
                 row["quant_passes"] = dict(ms=total, bytes=moved, hbm_fraction=frac(moved, total),
@@ -416,9 +407,6 @@ def stage_time(args, variants=(), forms=(3, 0), peers=True, quant=True, sets=TIM
                     del copies
         res[name] = row
     return res
-
-
-quant_pass_bytes = attention_quant_pass_bytes
 
 
 def table(rep):

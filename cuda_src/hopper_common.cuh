@@ -73,16 +73,14 @@ __device__ __forceinline__ void regs_alloc() {
 // 16 (unused by this layout, 1 by convention), stride byte offset 1024 (8 rows x 128 bytes
 // between core-matrix groups), layout type 1 = 128B swizzle in bits 62-63. Advancing K by 32
 // e4m3 values inside the 128-byte row adds 32 bytes to the address.
-__device__ __forceinline__ u64 wgmma_desc(u32 addr) {
-  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-// The same descriptor as a start-address word plus a byte step: one integer add per k step
-// where wgmma_desc(addr + step) recomputes the whole word. A shared address (below 2^18) over 16
-// is the word's 14-bit field, and a step inside the same tile never carries out of it.
+// As a low word (start address, leading byte offset) plus a byte step: a group of k steps
+// builds the word once and adds each step to it. A shared address (below 2^18) over 16 is the
+// word's 14-bit field, and a step inside the same tile never carries out of it.
 __device__ __forceinline__ u32 wgmma_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 wgmma_desc_at(u32 lo, u32 step_bytes) {
-  return ((u64)((1024u >> 4) | (1u << 30)) << 32) | (u64)(lo + (step_bytes >> 4));
+  return ((u64)((1024u >> 4) | (1u << 30)) << 32) | (u64)(lo + (step_bytes >> 4));  // bits 62-63: 1
 }
+__device__ __forceinline__ u64 wgmma_desc(u32 addr) { return wgmma_desc_at(wgmma_desc_lo(addr), 0); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

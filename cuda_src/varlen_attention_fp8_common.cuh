@@ -37,9 +37,12 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// Four probabilities -> four e4m3 bytes of 256 * p (the 2^8 bias), first in the low byte.
+// Four probabilities -> four e4m3 bytes of BIAS * p (the 2^8 bias; 1 where the exponent already
+// holds it), first in the low byte.
+template <int BIAS = 256>
 __device__ __forceinline__ u32 pack_p(float a, float b, float c, float d) {
-  return (u32)e4m3x2_from_f32(256.f * a, 256.f * b) | ((u32)e4m3x2_from_f32(256.f * c, 256.f * d) << 16);
+  constexpr float f = BIAS;
+  return (u32)e4m3x2_from_f32(f * a, f * b) | ((u32)e4m3x2_from_f32(f * c, f * d) << 16);
 }
 
 // The log-sum-exp of the true scores softmax_scale * q . k of a written row, for lse [heads,

@@ -243,12 +243,6 @@ __device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(pa[kk][r])::"memory");
 }
 
-// pack_p of four probabilities whose 2^8 bias the exponent already holds with FOLD_256.
-__device__ __forceinline__ u32 pack_p_biased(float a, float b, float c, float d) {
-  if (FOLD_256) return (u32)e4m3x2_from_f32(a, b) | ((u32)e4m3x2_from_f32(c, d) << 16);
-  return pack_p(a, b, c, d);
-}
-
 // O = O * alpha + part, once part's wgmmas are waited for (with O_IN_CORE the tensor core has
 // added the block to O already).
 __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1) {
@@ -365,10 +359,10 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk) {
     const float* p = s + 16 * kk;  // n8 tiles 4kk .. 4kk + 3: keys 32kk .. 32kk + 31
-    pa[kk][0] = pack_p_biased(p[0], p[1], p[4], p[5]);
-    pa[kk][1] = pack_p_biased(p[2], p[3], p[6], p[7]);
-    pa[kk][2] = pack_p_biased(p[8], p[9], p[12], p[13]);
-    pa[kk][3] = pack_p_biased(p[10], p[11], p[14], p[15]);
+    pa[kk][0] = pack_p<FOLD_256 ? 1 : 256>(p[0], p[1], p[4], p[5]);
+    pa[kk][1] = pack_p<FOLD_256 ? 1 : 256>(p[2], p[3], p[6], p[7]);
+    pa[kk][2] = pack_p<FOLD_256 ? 1 : 256>(p[8], p[9], p[12], p[13]);
+    pa[kk][3] = pack_p<FOLD_256 ? 1 : 256>(p[10], p[11], p[14], p[15]);
   }
 }
 

@@ -310,23 +310,29 @@ def check_mlp_stages(inputs, weights, out, workspaces, tag, report_exact=True):
 
 # --- attention ------------------------------------------------------------------------------------
 
-def exact_attention(q, k, v, cu_host, chunk=2048):
+def exact_attention(q, k, v, cu_host, chunk=2048, rows=None):
     """h3kernels.reference.attention_exact (float64, unquantized) with the queries in chunks: a
-    16384-key segment of 8 heads would otherwise need 17 GB of float64 scores at once."""
+    16384-key segment of 8 heads would otherwise need 17 GB of float64 scores at once. rows (a
+    sorted index tensor of query rows): those rows alone, [len(rows), heads, 128], so that a long
+    segment's check never forms every row's scores."""
     import math
 
     import torch
 
     from h3kernels.constants import HEAD_DIM
 
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    idx = torch.arange(q.shape[0], device=q.device) if rows is None else rows.to(q.device)
+    out = torch.zeros((idx.numel(), *q.shape[1:]), dtype=torch.float64, device=q.device)
     for a, b in zip(cu_host, cu_host[1:]):
+        pos = torch.nonzero((idx >= a) & (idx < b)).flatten()  # result rows of this segment
+        if pos.numel() == 0:
+            continue
         ks, vs = (x[a:b].double().transpose(0, 1) for x in (k, v))
-        for c in range(a, b, chunk):
-            e = min(c + chunk, b)
-            qs = q[c:e].double().transpose(0, 1)
+        for c in range(0, pos.numel(), chunk):
+            p_rows = pos[c:c + chunk]
+            qs = q[idx[p_rows]].double().transpose(0, 1)
             p = torch.softmax((qs @ ks.transpose(1, 2)) / math.sqrt(HEAD_DIM), dim=-1)
-            out[c:e] = (p @ vs).transpose(0, 1)
+            out[p_rows] = (p @ vs).transpose(0, 1)
     return out
 
 
