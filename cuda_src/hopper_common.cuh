@@ -136,10 +136,14 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 // One arrival on the barrier at this CTA's shared address `bar` in CTA `rank` of the cluster.
+// Release at CTA scope (the default): what the arrival publishes is that this warp's wgmmas have
+// finished reading a stage, which their wait already ordered. Cluster scope compiles to
+// MEMBAR.ALL.GPU before each arrival (ptxas 13.0), a wait for every store in flight, epilogue
+// stores included: with it the CTA pairs ran 1.5x slower than single CTAs (docs/hopper.md).
 __device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 rank) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(rank)
       : "memory");
 }

@@ -43,6 +43,8 @@
 //   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
 //                   and the error without promotion
 //   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
+//   DBG_CLUSTER_LOCAL  (with CLUSTER_M 2) each CTA loads all of B itself, no multicast: the pairs'
+//                   coupled barriers without the multicast
 #include "hopper_common.cuh"
 #include "mlp_fp8_common.cuh"
 
@@ -94,6 +96,10 @@
 #define STAGE_BYTES ((BM + BN) * BK)
 #define CONSUMER_WARPS 8
 #define HALF_N 128  // columns of one wgmma
+#if !defined(FC1_EPI_BLOCKS) || !defined(FC2_EPI_BLOCKS) || FC1_EPI_BLOCKS % 2 != 0 || \
+    (HALF_N / 8) % FC1_EPI_BLOCKS != 0 || (HALF_N / 8) % FC2_EPI_BLOCKS != 0
+#error "FC1_EPI_BLOCKS (even) and FC2_EPI_BLOCKS divide the 16 n8 blocks of a half tile"
+#endif
 
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
 // in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,
@@ -158,7 +164,10 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
           mbar_arrive_expect_tx(&full[stage], m0 < M ? STAGE_BYTES : STAGE_BYTES - A_BYTES);
           const u32 dst = base + stage * STAGE_BYTES;
           if (m0 < M) tma_load_2d(dst, map_a, kb * BK, m0, &full[stage]);
-#if CLUSTER_M == 2
+#if CLUSTER_M == 2 && defined(DBG_CLUSTER_LOCAL)
+          tma_load_2d(dst + A_BYTES, map_b, kb * BK, n0, &full[stage]);
+          tma_load_2d(dst + A_BYTES + (BN / 2) * BK, map_b, kb * BK, n0 + BN / 2, &full[stage]);
+#elif CLUSTER_M == 2
           tma_load_2d_multicast(dst + A_BYTES + rank * (BN / 2) * BK, map_b, kb * BK, n0 + rank * (BN / 2),
                                 &full[stage], (u16)3);
 #else
@@ -384,26 +393,45 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
       }
     return;
 #endif
+    // Every global load of a group of columns is issued before any of its arithmetic. Loaded
+    // next to its use (the expf and the IEEE division between them kept the compiler from
+    // hoisting), each scale waited out its own L2 latency while the tensor cores idled: FC1 took
+    // 10% longer at M = 16384 (docs/hopper.md).
+    float sa[2];
 #pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int row = row0 + 8 * rh;
-      if (row >= M) continue;
-      const float sa = a_scale[row];
+    for (int rh = 0; rh < 2; ++rh) sa[rh] = row0 + 8 * rh < M ? a_scale[row0 + 8 * rh] : 0.f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < HALF_N / 8; j += 2) {
-          const int pg = col0 + h * HALF_N + 8 * j;  // prepacked gate column (even, pg % 16 < 8)
-          u32 packed = 0;
+      for (int j0 = 0; j0 < HALF_N / 8; j0 += FC1_EPI_BLOCKS) {
+        float g_scale[FC1_EPI_BLOCKS / 2][2], u_scale[FC1_EPI_BLOCKS / 2][2];  // of the gate and up columns
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float hg = round_bf16((acc[h][4 * j + 2 * rh + e] * sa) * w1_scale[pg + e]);
-            const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa) * w1_scale[pg + 8 + e]);
-            packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
+        for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
+          const int pg = col0 + h * HALF_N + 8 * (j0 + 2 * p);  // prepacked gate column (even, pg % 16 < 8)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {  // scalar loads: the scale vectors may start at any float
+            g_scale[p][e] = w1_scale[pg + e];
+            u_scale[p][e] = w1_scale[pg + 8 + e];
           }
-          *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
         }
-    }
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          const int row = row0 + 8 * rh;
+          if (row >= M) continue;
+#pragma unroll
+          for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
+            const int j = j0 + 2 * p, pg = col0 + h * HALF_N + 8 * j;
+            u32 packed = 0;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float hg = round_bf16((acc[h][4 * j + 2 * rh + e] * sa[rh]) * g_scale[p][e]);
+              const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa[rh]) * u_scale[p][e]);
+              packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
+            }
+            *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
+          }
+        }
+      }
   });
 }
 
@@ -415,6 +443,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
   wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
+    // As in FC1, a group's loads (residual, gate, scales) all come before its arithmetic and
+    // stores; each residual element is still read before the store that may overwrite it.
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       const int row = row0 + 8 * rh;
@@ -426,21 +456,35 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < HALF_N / 8; ++j) {
-          const int col = col0 + h * HALF_N + 8 * j;
-          const i64 at = (i64)row * HIDDEN + col;
-          const u32 res = *reinterpret_cast<const u32*>(residual + at);  // read before out (may alias) is written
-          u32 packed = res;
-          if (!guarded) {
-            packed = 0;
+        for (int j0 = 0; j0 < HALF_N / 8; j0 += FC2_EPI_BLOCKS) {
+          u32 res[FC2_EPI_BLOCKS];
+          u16 gates[FC2_EPI_BLOCKS][2];  // scalar loads: a gate row or the scales may start at any element
+          float w_scale[FC2_EPI_BLOCKS][2];
+#pragma unroll
+          for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
+            const int col = col0 + h * HALF_N + 8 * (j0 + j);
+            res[j] = *reinterpret_cast<const u32*>(residual + (i64)row * HIDDEN + col);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float o = round_bf16((acc[h][4 * j + 2 * rh + e] * sy) * w2_scale[col + e]);
-              const float go = round_bf16(f32_from_bf16(gate_row[col + e]) * o);
-              packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res >> (16 * e))) + go) << (16 * e);
+              gates[j][e] = gate_row[col + e];
+              w_scale[j][e] = w2_scale[col + e];
             }
           }
-          *reinterpret_cast<u32*>(out + at) = packed;
+#pragma unroll
+          for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
+            const int col = col0 + h * HALF_N + 8 * (j0 + j);
+            // computed on guarded rows too and then not taken (a select, not a branch: inside a
+            // branch ptxas moved the gate and scale loads back next to their use)
+            u32 packed = 0;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float o = round_bf16((acc[h][4 * (j0 + j) + 2 * rh + e] * sy) * w_scale[j][e]);
+              const float go = round_bf16(f32_from_bf16(gates[j][e]) * o);
+              packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res[j] >> (16 * e))) + go) << (16 * e);
+            }
+            packed = guarded ? res[j] : packed;
+            *reinterpret_cast<u32*>(out + (i64)row * HIDDEN + col) = packed;
+          }
         }
     }
   });

@@ -9,6 +9,9 @@
 // written once with a fixed pattern of finite values: zeros could let the hardware skip work.
 #include "hopper_common.cuh"
 
+#ifndef WGMMA_N
+#define WGMMA_N 256  // 64, 128 (measurement builds) or 256 (the ceiling)
+#endif
 #ifndef WARPGROUPS
 #error "wgmma_ceiling.cu is built with -DWARPGROUPS and -DK_STEPS (h3kernels/_launch/wgmma_ceiling.py)"
 #endif
@@ -35,6 +38,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float*
   fence_proxy_async_shared();
   __syncthreads();
   const u32 a = base, b = base + A_BYTES;
+#if WGMMA_N == 256
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
@@ -47,8 +51,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float*
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
+#else
+  // one m64nN accumulator (N / 2 registers), groups of K_STEPS m64nNk32 over the first N rows of B
+  float acc[WGMMA_N / 2];
+#pragma unroll
+  for (int i = 0; i < WGMMA_N / 2; ++i) acc[i] = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < K_STEPS; ++k) {
+#if WGMMA_N == 128
+      wgmma_m64n128k32_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)), 1);
+#else
+      wgmma_m64n64k32_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)), 1);
+#endif
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+#endif
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) s += acc[i];
+  for (int i = 0; i < (int)(sizeof(acc) / sizeof(float)); ++i) s += acc[i];
   if (s == 1234.5f) sink[blockIdx.x * THREADS + threadIdx.x] = s;  // keeps the accumulators live
 }

@@ -31,6 +31,11 @@ A_REGS = 0  # 1: A loaded once per slice into registers (ldmatrix) for the four 
 PRODUCER_REGS = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
 CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
 # (24 x 128 + 240 x 256 = 64512 of the SM's 65536; 232 spilled a few bytes with PROMOTE_N64)
+# n8 blocks of a half tile whose global operands (FC1: column scales; FC2: residual, gate and
+# column scales) an epilogue step loads before any of its arithmetic, so that their latencies
+# overlap (16 spills 12 bytes in FC1; 4 measured 1-2% slower: docs/hopper.md)
+FC1_EPI_BLOCKS = 8
+FC2_EPI_BLOCKS = 8
 QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
 GEMM_THREADS = 384
 SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
@@ -47,7 +52,8 @@ def defines(arch=ARCH, form=FORM, **variant):
     overrides some (bench/hopper_mlp.py compares builds)."""
     d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
              PROMOTE_K=PROMOTE_K, A_REGS=A_REGS, PRODUCER_REGS=PRODUCER_REGS,
-             CONSUMER_REGS=CONSUMER_REGS, QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
+             CONSUMER_REGS=CONSUMER_REGS, FC1_EPI_BLOCKS=FC1_EPI_BLOCKS, FC2_EPI_BLOCKS=FC2_EPI_BLOCKS,
+             QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d
 

@@ -31,5 +31,7 @@ def kernel(device_id, **variant):
 
 
 def flops(ctas, iters, d):
-    """Tensor FLOPs of one launch of `ctas` CTAs built with defines `d`."""
-    return ctas * d["WARPGROUPS"] * iters * d["K_STEPS"] * FLOP_PER_WGMMA
+    """Tensor FLOPs of one launch of `ctas` CTAs built with defines `d` (WGMMA_N 64 or 128:
+    measurement builds of narrower wgmmas)."""
+    per_wgmma = FLOP_PER_WGMMA * d.get("WGMMA_N", 256) // 256
+    return ctas * d["WARPGROUPS"] * iters * d["K_STEPS"] * per_wgmma
