@@ -31,6 +31,9 @@ VARIANTS = {
     "cluster2_no_mma": (("CLUSTER_M", 2), ("DBG_NO_MMA", 1), ("PROMOTE_N64", 0)),
     "no_tma": (("DBG_NO_TMA", 1),),
     "no_mma": (("DBG_NO_MMA", 1), ("PROMOTE_N64", 0)),
+    "no_epilogue": (("DBG_NO_EPILOGUE", 1),),
+    "no_tma_no_epilogue": (("DBG_NO_TMA", 1), ("DBG_NO_EPILOGUE", 1)),
+    "no_tma_no_promote_no_epilogue": (("DBG_NO_TMA", 1), ("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0), ("DBG_NO_EPILOGUE", 1)),
     "no_tma_no_promote": (("DBG_NO_TMA", 1), ("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)),
 }
 

@@ -43,6 +43,7 @@
 //   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
 //                   and the error without promotion
 //   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
+//   DBG_NO_EPILOGUE  the epilogues skipped (but for an improbable value): what they cost in a tile
 //   DBG_CLUSTER_LOCAL  (with CLUSTER_M 2) each CTA loads all of B itself, no multicast: the pairs'
 //                   coupled barriers without the multicast
 #include "hopper_common.cuh"
@@ -364,7 +365,11 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
           }
         }
       }
+#ifdef DBG_NO_EPILOGUE
+      if (acc[0][0] == 1234.5f && acc[1][63] == 1234.5f) epilogue(acc, m0 + 64 * consumer, n0);  // keeps the sums live
+#else
       epilogue(acc, m0 + 64 * consumer, n0);
+#endif
     }
   }
 #if CLUSTER_M == 2
