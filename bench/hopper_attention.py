@@ -3,7 +3,7 @@ H100/H200 in one run: its build report, its correctness against the reference, e
 and form 0 (mma.sync), and its timings beside form 0, cuDNN and flash bf16 SDPA.
 
 python bench/hopper_attention.py [--json PATH] [--debug] [--no-time] [--no-peers] [--s-split-sets N]
-                                 [--only s_split|long|probe]
+                                 [--only s_split|long|probe [--builds NAME=VALUE[,NAME=VALUE] ...]]
 
 Stages (each caught on its own, so one failure still reports the rest; the JSON is rewritten
 after every stage):
@@ -457,6 +457,8 @@ def main():
     p.add_argument("--no-peers", action="store_true", help="skip the SDPA timings")
     p.add_argument("--s-split-sets", type=int, default=40, help="random short sets of the s_split stage")
     p.add_argument("--only", choices=("s_split", "probe", "long"), help="build, first and this stage alone")
+    p.add_argument("--builds", nargs="*", help="with --only probe: these builds in place of the DBG_PERF ones, "
+                   "each NAME=VALUE[,NAME=VALUE...] (as PINGPONG=1,DBG_PERF=32)")
     args = p.parse_args()
     rep = dict(device=torch.cuda.get_device_name(), cc=list(torch.cuda.get_device_capability()),
                torch=torch.__version__, stages={})
@@ -482,6 +484,9 @@ def main():
         save()
         os._exit(3)  # a hung kernel: nothing else can run on this context
     if args.only == "probe":  # timing only: the DBG_PERF builds beside the default
+        if args.builds:  # the table below lists PROBES too
+            PROBES[:] = [tuple(sorted((k, int(v)) for k, v in (kv.split("=") for kv in b.split(","))))
+                         for b in args.builds]
         stage("probe", lambda: stage_time(args, [()] + PROBES, forms=(), peers=False, quant=False,
                                           sets=TIME_SETS + (("16x1024", [1024] * 16),)))
         save()
