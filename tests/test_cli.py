@@ -188,8 +188,9 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     monkeypatch.setattr(bench, "ceiling_tflops", lambda dev, form, on_error: {0: 400.0, 3: 1600.0}[form])
 
     def case(op):
+        second = dict(peer2="flash SDPA bf16", peer2_ms=8.0) if op == "attention" else {}
         return lambda size, forms: [dict(op=op, case=str(size), form=f, flops=1e12, ours_ms=10.0 / (1 + f),
-                                         peer="torch", peer_ms=5.0) for f in forms]
+                                         peer="torch", peer_ms=5.0, **second) for f in forms]
 
     monkeypatch.setattr(bench, "mlp_case", case("mlp"))
     monkeypatch.setattr(bench, "attention_case", case("attention"))
@@ -206,8 +207,11 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     assert doc["ceilings"] == [dict(form=0, family="mma.sync", tflops=400.0), dict(form=3, family="wgmma",
                                                                                  tflops=1600.0)]
     assert table.read_text().splitlines()[0].startswith("op,case,form,")
+    assert "peer2" in table.read_text().splitlines()[0]  # the attention rows' second peer, blank for the MLP
+    assert [r.get("peer2_tflops") for r in doc["rows"]] == [None, None, 125.0, 125.0]
     out = capsys.readouterr().out
     assert "mma.sync (form 0) 400 TFLOP/s" in out and "wgmma (form 3) 1600 TFLOP/s" in out
+    assert out.count("flash SDPA bf16") == 2
 
 
 @pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (0, 3), (3, 0)), ("sm_120a", 2, (2,), (2,)),

@@ -6,10 +6,11 @@ families (form 3) and mma.sync form 0, the one -1 picks first; each row has a `f
 the ceiling of its family (the wgmma ceiling for form 3, the mma.sync one of its form otherwise).
 
 Times are CUDA-event medians of back-to-back calls (h3kernels.testing.timing.median_ms_batched) after a
-warm-up. MLP peer: torch eager bf16 (h3kernels.peers.torch_mlp.mlp_bf16). Attention peer: torch's
-scaled_dot_product_attention in bf16, one batched call for equal segment lengths, else one call
-per segment. bench/bench_mlp.py and bench/bench_attention.py time more peers (FP8 _scaled_mm,
-torch.compile, flash, cuDNN, varlen).
+warm-up. MLP peer: torch eager bf16 (h3kernels.peers.torch_mlp.mlp_bf16). Attention peers: torch's
+scaled_dot_product_attention in bf16 with the cuDNN backend, then with the flash backend (a
+second peer column), one batched call for equal segment lengths, else one call per segment;
+torch's own choice of backend where cuDNN's refuses. bench/bench_mlp.py and
+bench/bench_attention.py time more peers (FP8 _scaled_mm, torch.compile, varlen).
 """
 import csv
 import json
@@ -70,25 +71,34 @@ def mlp_case(m, forms=(-1,)):
 
 
 def attention_case(seqlens, forms=(-1,), heads=56):
-    """As mlp_case: one row per fp8_mma_form, torch SDPA timed once."""
+    """As mlp_case: one row per fp8_mma_form. Peers timed once: cuDNN's SDPA in bf16 (`peer`, or
+    torch's own choice of backend where cuDNN's refuses), and flash's (`peer2`, where it runs)."""
     import torch
 
     import h3kernels
     from h3kernels.testing.inputs import make_attention_inputs
     from h3kernels.testing.timing import attention_flops
     from h3kernels.testing.timing import median_ms_batched
-    from h3kernels.peers.torch_attention import sdpa_bf16
+    from h3kernels.peers.torch_attention import sdpa_backend_bf16, sdpa_bf16
 
     q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, seed=len(seqlens))
     out = torch.empty_like(q)
-    peer = median_ms_batched(lambda: sdpa_bf16(q, k, v, cu))
+    peers = {}
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+        fn, label = sdpa_backend_bf16(q, k, v, cu, backend)
+        if fn is not None:
+            peers[label] = median_ms_batched(fn)
+    if "cuDNN SDPA bf16" not in peers:
+        peers = {"torch SDPA bf16": median_ms_batched(lambda: sdpa_bf16(q, k, v, cu)), **peers}
+    (peer, peer_ms), *rest = peers.items()
+    second = dict(peer2=rest[0][0], peer2_ms=rest[0][1]) if rest else {}
     rows = []
     for form in forms:
         ours = median_ms_batched(lambda: h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, out,
                                                                                     cu_seqlens_host=cu,
                                                                                     fp8_mma_form=form))
         rows.append(dict(op="attention", case=f"{set_name(seqlens)}, {heads} heads", form=form,
-                         flops=attention_flops(seqlens, heads), ours_ms=ours, peer="torch SDPA bf16", peer_ms=peer))
+                         flops=attention_flops(seqlens, heads), ours_ms=ours, peer=peer, peer_ms=peer_ms, **second))
     return rows
 
 
@@ -137,6 +147,8 @@ def run(args):
         ceiling = ceilings[r["form"]]
         r["ours_tflops"] = r["flops"] / r["ours_ms"] / 1e9
         r["peer_tflops"] = r["flops"] / r["peer_ms"] / 1e9
+        if "peer2_ms" in r:
+            r["peer2_tflops"] = r["flops"] / r["peer2_ms"] / 1e9
         r["pct_ceiling"] = 100 * r["ours_tflops"] / ceiling if ceiling else None
         r["ceiling_tflops"] = ceiling
     shown = [f"{form_family(form)} (form {form}) " + (f"{c:.0f} TFLOP/s" if c else "n/a (measurement failed)")
@@ -144,11 +156,12 @@ def run(args):
     print(f"{torch.cuda.get_device_name(dev)}: e4m3 ceiling{'s' if len(shown) > 1 else ''} measured now: "
           f"{', '.join(shown)}")
     print(f"{'operator':<10} {'case':<28} {'form':>4} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} "
-          f"{'peer ms':>9} {'TFLOP/s':>8}")
+          f"{'peer ms':>9} {'TFLOP/s':>8}  {'second peer':<16} {'ms':>9}")
     for r in rows:
         pct = f"{r['pct_ceiling']:6.1f}%" if r["pct_ceiling"] is not None else f"{'n/a':>7}"
+        second = f"  {r['peer2']:<16} {r['peer2_ms']:9.3f}" if "peer2" in r else ""
         print(f"{r['op']:<10} {r['case']:<28} {r['form']:>4} {r['ours_ms']:9.3f} {r['ours_tflops']:8.0f} {pct} "
-              f"{r['peer']:<18} {r['peer_ms']:9.3f} {r['peer_tflops']:8.0f}")
+              f"{r['peer']:<18} {r['peer_ms']:9.3f} {r['peer_tflops']:8.0f}{second}")
     if args.json:
         # ceiling_tflops: one figure for the GPU, the highest family's; `ceilings` has each
         # family's, and each row carries that of its own form
@@ -159,7 +172,8 @@ def run(args):
                            ceiling_tflops=top, ceilings=families, rows=rows), f, indent=1)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            # every row's fields (only attention rows have a second peer), blank where a row has none
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
             w.writeheader()
             w.writerows(rows)
     return 0

@@ -56,3 +56,19 @@ def sdpa_bf16(q, k, v, cu_host):
     """out [tokens, heads, 128] by F.scaled_dot_product_attention, split as SegmentedSDPA splits it."""
     attention = SegmentedSDPA(q, k, v, cu_host)
     return attention.pack(attention())
+
+
+def sdpa_backend_bf16(q, k, v, cu_host, backend):
+    """A callable computing out as sdpa_bf16 does with one SDPA backend pinned (a
+    torch.nn.attention.SDPBackend name: "CUDNN_ATTENTION", "FLASH_ATTENTION"), and its label; or
+    None, label where torch refuses that backend on these inputs (checked by one call here)."""
+    from torch.nn.attention import SDPBackend
+
+    label = {"CUDNN_ATTENTION": "cuDNN SDPA bf16", "FLASH_ATTENTION": "flash SDPA bf16"}.get(backend, backend)
+    attention = SegmentedSDPA(q, k, v, cu_host)
+    pinned = getattr(SDPBackend, backend)
+    try:
+        attention(pinned)
+    except RuntimeError:  # "No available kernel": this torch, GPU or input shape lacks that backend
+        return None, label
+    return (lambda: attention.pack(attention(pinned))), label
