@@ -22,6 +22,7 @@ from bench_common import log
 
 VARIANTS = {
     "default": (),
+    "ieee_silu": (("FAST_SILU", 0),),
     "epilogue_blocks4": (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4)),
     "cluster2": (("CLUSTER_M", 2),),
     "cluster2_group8": (("CLUSTER_M", 2), ("GROUP_M", 8)),

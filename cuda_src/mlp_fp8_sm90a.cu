@@ -53,7 +53,7 @@
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
     !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64) || \
-    !defined(PROMOTE_K) || !defined(A_REGS)
+    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || BK != 128
@@ -377,6 +377,12 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #endif
 }
 
+// SiLU with the special-function unit's exp and reciprocal (FAST_SILU): the contract allows a fast
+// exp, and both are within a few FP32 ulps, far below y's bf16 rounding. Below g = -87 the
+// denominator passes 2^126 and the quotient is 0 where the IEEE form gives a magnitude under
+// 1e-36; infinities and NaN come out as in the IEEE form.
+__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+
 // Thread t of a consumer warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per
 // half h and n8 block j, columns 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e].
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
@@ -431,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             for (int e = 0; e < 2; ++e) {
               const float hg = round_bf16((acc[h][4 * j + 2 * rh + e] * sa[rh]) * g_scale[p][e]);
               const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa[rh]) * u_scale[p][e]);
-              packed |= (u32)bf16_from_f32(round_bf16(silu(hg)) * hu) << (16 * e);
+              packed |= (u32)bf16_from_f32(round_bf16(FAST_SILU ? silu_fast(hg) : silu(hg)) * hu) << (16 * e);
             }
             *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
           }
