@@ -9,7 +9,6 @@ python bench/mlp_gemm_probe.py [--m 16384] [--variants NAME ...] [--ceiling] [--
 """
 import argparse
 import json
-import os
 
 import torch
 
@@ -52,7 +51,7 @@ def operands(m):
                 y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"), y_q=e4m3_random(m, FFN, gen), y_s=ones(m),
                 w2=e4m3_random(HIDDEN, FFN, gen), s2=ones(HIDDEN),
                 gate=torch.full((1, HIDDEN), 0.5, dtype=torch.bfloat16, device="cuda"),
-                idx=torch.zeros(m, dtype=torch.int32, device="cuda"),
+                idx=torch.zeros(m, dtype=torch.int64, device="cuda"),
                 residual=torch.zeros(m, HIDDEN, dtype=torch.bfloat16, device="cuda"),
                 out=torch.empty(m, HIDDEN, dtype=torch.bfloat16, device="cuda"))
 
@@ -111,5 +110,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OUT", "/tmp/h3out")
     main()

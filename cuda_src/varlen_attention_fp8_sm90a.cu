@@ -769,8 +769,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
 #if !DBG_STORE
       constexpr float l_scale = FOLD_256 ? 1.f / 256.f : 1.f;  // exact either way
-      // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live
-      if (!(DBG_PERF & 32) || (o[0] == 1234.5f && l0 == 1234.5f))
+      // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live (a warp-wide
+      // vote: write_rows shuffles across the warp)
+      if (!(DBG_PERF & 32) || __any_sync(0xffffffffu, o[0] == 1234.5f && l0 == 1234.5f))
         write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0 * l_scale,
                        l1 * l_scale, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
 #endif

@@ -3,7 +3,8 @@
 // mma_ceiling.cu is that of the mma.sync forms.
 //
 // Each CTA (one per SM) has WARPGROUPS warpgroups; each keeps one m64n256 FP32 accumulator
-// (128 registers a thread) and issues K_STEPS wgmmas per commit group, waiting only for the
+// (128 registers a thread; WGMMA_N 64 or 128, measurement builds: m64n64 / m64n128 wgmmas on the
+// first rows of B, N / 2 registers) and issues K_STEPS wgmmas per commit group, waiting only for the
 // group before the last, so a group is always queued behind the one in the tensor pipe. The
 // operand tiles (A 64 x 128, B 256 x 128 e4m3, K-major, 128B swizzle, 1024-byte aligned) are
 // written once with a fixed pattern of finite values: zeros could let the hardware skip work.
@@ -11,6 +12,9 @@
 
 #ifndef WGMMA_N
 #define WGMMA_N 256  // 64, 128 (measurement builds) or 256 (the ceiling)
+#endif
+#if WGMMA_N != 64 && WGMMA_N != 128 && WGMMA_N != 256
+#error "WGMMA_N is 64, 128 or 256"
 #endif
 #ifndef WARPGROUPS
 #error "wgmma_ceiling.cu is built with -DWARPGROUPS and -DK_STEPS (h3kernels/_launch/wgmma_ceiling.py)"

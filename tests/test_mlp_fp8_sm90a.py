@@ -21,10 +21,12 @@ def test_builds_for_sm90a_without_spills_or_serialized_wgmma(capsys):
 
 
 @pytest.mark.parametrize("variant", [(("A_REGS", 1),), (("A_REGS", 2),), (("PROMOTE_K", 256),),
-                                     (("A_REGS", 1), ("PROMOTE_K", 256))])
+                                     (("A_REGS", 1), ("PROMOTE_K", 256)), (("FAST_SILU", 0),),
+                                     (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4))])
 def test_variant_builds_without_spills_or_serialized_wgmma(variant):
-    """The define-selected variants that bench/hopper_mlp.py times: each builds for sm_90a with no
-    spill and no wgmma that ptxas serializes (the register-A ones hold 16 or 32 more registers)."""
+    """The define-selected variants that bench/hopper_mlp.py and bench/mlp_gemm_probe.py time: each
+    builds for sm_90a with no spill and no wgmma that ptxas serializes (the register-A ones hold
+    16 or 32 more registers)."""
     _, log, _ = compiler.compile_cubin("mlp_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
                                        ("-Xptxas=-v",), use_cache=False, appended=compile_check._nonce())
     parsed = compile_check.parse_ptxas(log)

@@ -33,7 +33,7 @@ CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of 
 # (24 x 128 + 240 x 256 = 64512 of the SM's 65536; 232 spilled a few bytes with PROMOTE_N64)
 # n8 blocks of a half tile whose global operands (FC1: column scales; FC2: residual, gate and
 # column scales) an epilogue step loads before any of its arithmetic, so that their latencies
-# overlap (16 spills 12 bytes in FC1; 4 measured 1-2% slower: docs/hopper.md)
+# overlap (16 spills 12 bytes in FC1, ptxas 13.0; 4 measured 1-2% slower: docs/hopper.md)
 FAST_SILU = 1  # FC1's SiLU from the special-function unit's exp and reciprocal (measured: docs/hopper.md)
 FC1_EPI_BLOCKS = 8
 FC2_EPI_BLOCKS = 8

@@ -155,8 +155,9 @@ def run(args):
              for form, c in ceilings.items()]
     print(f"{torch.cuda.get_device_name(dev)}: e4m3 ceiling{'s' if len(shown) > 1 else ''} measured now: "
           f"{', '.join(shown)}")
+    second_head = f"  {'second peer':<16} {'ms':>9}" if any("peer2" in r for r in rows) else ""
     print(f"{'operator':<10} {'case':<28} {'form':>4} {'ours ms':>9} {'TFLOP/s':>8} {'% ceil':>7} {'peer':<18} "
-          f"{'peer ms':>9} {'TFLOP/s':>8}  {'second peer':<16} {'ms':>9}")
+          f"{'peer ms':>9} {'TFLOP/s':>8}{second_head}")
     for r in rows:
         pct = f"{r['pct_ceiling']:6.1f}%" if r["pct_ceiling"] is not None else f"{'n/a':>7}"
         second = f"  {r['peer2']:<16} {r['peer2_ms']:9.3f}" if "peer2" in r else ""
