@@ -1,5 +1,6 @@
 """torch_attention.sdpa_bf16, the demo's and bench's torch peer, on the CPU: both of its paths
-(one batched call for equal segments, one call per segment otherwise) against float64 attention."""
+(one batched call for equal segments, one call per segment otherwise) against float64 attention;
+sdpa_backend_bf16, bench's pinned-backend peers."""
 import torch
 
 from h3kernels import reference as R
@@ -18,3 +19,16 @@ def test_sdpa_bf16_matches_exact_attention_on_both_paths(seed):
     q, k, v, _, cu_host = make_attention_inputs([64, 64], heads=2, device="cpu", seed=seed + 1)
     err = rel_l2(sdpa_bf16(q, k, v, cu_host), sdpa_bf16(q, k, v, [0, 64, 64, 128]))
     assert err < 1e-2, err
+
+
+def test_sdpa_backend_bf16_pins_a_backend_or_says_it_is_refused(seed):
+    """bench's attention peers: a backend torch refuses on these inputs (cuDNN's on the CPU) gives
+    (None, label), never an exception; where a backend runs (torch's CPU flash kernel, the math
+    one) the callable computes sdpa_bf16's output."""
+    from h3kernels.peers.torch_attention import sdpa_backend_bf16
+
+    q, k, v, _, cu_host = make_attention_inputs([64, 0, 50], heads=2, device="cpu", seed=seed)
+    assert sdpa_backend_bf16(q, k, v, cu_host, "CUDNN_ATTENTION") == (None, "cuDNN SDPA bf16")
+    for backend, want in (("FLASH_ATTENTION", "flash SDPA bf16"), ("MATH", "MATH")):
+        fn, label = sdpa_backend_bf16(q, k, v, cu_host, backend)
+        assert label == want and fn is not None and rel_l2(fn(), sdpa_bf16(q, k, v, cu_host)) < 1e-2
