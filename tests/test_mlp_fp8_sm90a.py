@@ -248,3 +248,73 @@ def test_form_3_keeps_99p9_percent_of_y_within_1_ulp():
     want = R.fc1_swiglu(ws["workspace_a_q"], ws["workspace_a_scale"], q1, s1)
     over = float((bf16_ulps(ws["workspace_y"], want) > 1).float().mean())
     assert over <= 1e-3, over
+
+
+def _mlp_form_3(x, *rest):
+    """The torch custom op in form 3 with exact torch work around it (scaling by a power of two),
+    so that compiled, captured and eager runs must agree bitwise."""
+    from h3kernels import torch_ops
+
+    return (torch_ops.minimax_h3_mlp_fp8((x.float() * 0.5).bfloat16(), *rest, fp8_mma_form=3).float() * 4).bfloat16()
+
+
+@pytest.mark.gpu
+def test_form_3_under_torch_compile_and_cuda_graph_replay_matches_eager(weights, seed):
+    """The MLP suite's integration paths on the wgmma family: torch.compile(fullgraph=True) and CUDA
+    graph replay (inputs changed in place between replays) give eager's bits."""
+    if not _hopper():
+        pytest.skip("needs compute capability 9.0")
+    import torch
+
+    from h3kernels.testing.checks import same_bits
+    from h3kernels.testing.inputs import make_mlp_inputs, mlp_arguments
+
+    args = mlp_arguments(make_mlp_inputs(300, 8, seed=seed), weights)
+    want = _mlp_form_3(*args)
+    torch._dynamo.reset()
+    got = torch.compile(_mlp_form_3, fullgraph=True)(*args)
+    torch.cuda.synchronize()
+    assert same_bits(got, want)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on the capturing stream: workspaces, modules, tensor maps
+        _mlp_form_3(*args)
+    s.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        static = _mlp_form_3(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same_bits(static, want)
+    args[0].copy_(make_mlp_inputs(300, 8, seed=seed + 1)["x"])
+    want2 = _mlp_form_3(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same_bits(static, want2) and not same_bits(want2, want)
+
+
+@pytest.mark.gpu
+def test_form_3_on_the_callers_stream_and_kind_gives_the_same_bits(weights, seed, array_kind):
+    """As test_mlp_fp8's stream test, in form 3: x written on the caller's new stream behind a delay
+    (a launch on another stream would read its NaN poison); repeated calls give the same bits."""
+    if not _hopper():
+        pytest.skip("needs compute capability 9.0")
+    import torch
+
+    import h3kernels
+    from h3kernels.constants import HIDDEN
+    from h3kernels.testing.checks import same_bits
+    from h3kernels.testing.inputs import make_mlp_inputs, mlp_arguments
+
+    inp = make_mlp_inputs(300, 8, seed=seed)
+    want = h3kernels.minimax_h3_mlp_fp8(*mlp_arguments(inp, weights), fp8_mma_form=3)
+    assert same_bits(h3kernels.minimax_h3_mlp_fp8(*mlp_arguments(inp, weights), fp8_mma_form=3), want)
+    args = [array_kind.to(t) for t in mlp_arguments(inp, weights)]
+    x_late = array_kind.nan_like(args[0])
+    with array_kind.side_stream():
+        array_kind.delay()
+        array_kind.write(x_late, args[0])
+        got = h3kernels.minimax_h3_mlp_fp8(x_late, *args[1:], fp8_mma_form=3)
+    assert got.shape == (300, HIDDEN)
+    assert same_bits(array_kind.torch(got, torch.bfloat16), want)
