@@ -22,9 +22,8 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks
-from h3kernels.constants import HEAD_DIM, K_BLOCK
 from h3kernels.testing.inputs import make_attention_inputs
-from h3kernels.testing.timing import QuantPasses, copy_bandwidth_gbs, occupy_gpu
+from h3kernels.testing.timing import QuantPasses, attention_quant_pass_bytes, copy_bandwidth_gbs, occupy_gpu
 
 from bench_attention import SETS
 from bench_common import log
@@ -48,13 +47,7 @@ class Passes(QuantPasses):
 
     def bytes_moved(self):
         """{pass: bytes read + written}, each array counted once (the plan's small arrays left out)."""
-        rows, seg_plane = self.tokens * self.heads, self.segments * self.heads * HEAD_DIM * 4
-        bf16, codes, block_plane = rows * HEAD_DIM * 2, rows * HEAD_DIM, self.n * self.heads * HEAD_DIM * 4
-        v8t = self.heads * HEAD_DIM * self.n * K_BLOCK
-        return {"q_kernel": bf16 + codes + rows * 4, "kv_block_kernel": 2 * bf16 + 2 * block_plane,
-                "kv_segment_kernel": 2 * block_plane + 2 * seg_plane,
-                "k_quant_kernel": bf16 + seg_plane + codes + self.n * self.heads * 4,
-                "v_quant_kernel": bf16 + seg_plane + v8t}
+        return attention_quant_pass_bytes([b - a for a, b in zip(self.cu_host, self.cu_host[1:])], self.heads)
 
 
 def gpu_ms(fn, batch, reps=7):

@@ -283,7 +283,7 @@ def run_ours(r, args, st, dev):
         qm, each = attention_quant_kernel_ms(q, k, v, cu, cu_host)
         # their bytes against a torch copy of as many bytes in this run (the HBM rate measured)
         nbytes = attention_quant_pass_bytes(r["lens"], r["heads"])
-        moved = sum(b for n, b in nbytes.items() if n != "needed")
+        moved = sum(nbytes.values())
         copy_gbs, _ = copy_bandwidth_gbs(moved)
         gbs = moved / (qm * 1e-3) / 1e9
         r["quant_bandwidth"] = dict(ms=qm, bytes=moved, gbs=gbs, copy_gbs=copy_gbs, of_copy=gbs / copy_gbs,

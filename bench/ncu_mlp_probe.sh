@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 for build in "$@"; do
   timeout 200 ncu --clock-control none --kernel-name regex:'h3_mlp_fc[12]_wgmma' --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_bytes.sum.per_second \
+    --metrics lts__t_sectors_srcunit_tex_op_read.sum,lts__t_bytes.sum.per_second \
     python3 mlp_gemm_probe.py --only "$build" --launches 3 > "$OUT/ncu_mlp_$build.txt" 2>&1
   echo "== $build: rc $?"
   grep -E "h3_mlp_fc|Duration|Throughput|gmma|Stall|Issued Warp|No Eligible|lts__t" "$OUT/ncu_mlp_$build.txt" | head -40

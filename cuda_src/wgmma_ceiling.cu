@@ -24,6 +24,11 @@
 #define A_BYTES (64 * 128)
 #define B_BYTES (256 * 128)
 
+// One accumulating m64nNk32 step, N from the accumulator's size (the first N rows of B).
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[128], u64 a, u64 b) { wgmma_m64n256k32_e4m3(d, a, b, 1); }
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k32_e4m3(d, a, b, 1); }
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k32_e4m3(d, a, b, 1); }
+
 // Shared memory written by ordinary stores, then read by wgmma (the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -42,41 +47,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float*
   fence_proxy_async_shared();
   __syncthreads();
   const u32 a = base, b = base + A_BYTES;
-#if WGMMA_N == 256
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  for (int it = 0; it < iters; ++it) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < K_STEPS; ++k)  // k32 steps along the 128-byte rows, then around again
-      wgmma_m64n256k32_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-#else
-  // one m64nN accumulator (N / 2 registers), groups of K_STEPS m64nNk32 over the first N rows of B
   float acc[WGMMA_N / 2];
 #pragma unroll
   for (int i = 0; i < WGMMA_N / 2; ++i) acc[i] = 0.f;
   for (int it = 0; it < iters; ++it) {
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < K_STEPS; ++k) {
-#if WGMMA_N == 128
-      wgmma_m64n128k32_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)), 1);
-#else
-      wgmma_m64n64k32_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)), 1);
-#endif
-    }
+    for (int k = 0; k < K_STEPS; ++k)  // k32 steps along the 128-byte rows, then around again
+      wgmma_e4m3(acc, wgmma_desc(a + 32 * (k % 4)), wgmma_desc(b + 32 * (k % 4)));
     wgmma_commit();
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
-#endif
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < (int)(sizeof(acc) / sizeof(float)); ++i) s += acc[i];
+  for (int i = 0; i < WGMMA_N / 2; ++i) s += acc[i];
   if (s == 1234.5f) sink[blockIdx.x * THREADS + threadIdx.x] = s;  // keeps the accumulators live
 }

@@ -86,6 +86,21 @@ def seed_of():
     return seed_of
 
 
+@pytest.fixture
+def require_mlp_form():
+    """require_mlp_form(form) skips the test where this GPU does not offer that fp8_mma_form of
+    the MLP (3, the wgmma family, runs on compute capability 9.0 only); -1 always runs."""
+    def require(form):
+        import torch
+
+        from h3kernels._runtime import targets
+
+        if form != -1 and form not in targets.offered_forms("mlp", torch.cuda.current_device()):
+            pytest.skip(f"fp8_mma_form={form} of the MLP is not offered on this GPU")
+
+    return require
+
+
 @pytest.fixture(scope="module")
 def weights(seed_of):
     """make_fc_weights on the GPU: dict(w1, w2, q1, s1, q2, s2), bf16 w1 [28672, 5376] and w2

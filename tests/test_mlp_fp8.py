@@ -172,29 +172,33 @@ def test_largest_m_once(weights, seed):
 
 
 @pytest.mark.gpu
-def test_repeated_runs_are_bitwise_identical(weights, seed):
+@pytest.mark.parametrize("form", [-1, 3])
+def test_repeated_runs_are_bitwise_identical(weights, seed, form, require_mlp_form):
+    require_mlp_form(form)
     inp = make_mlp_inputs(4096, 50, seed=seed)
     ws = poisoned_mlp_workspaces(4096)
-    first = run_op(inp, weights, None, ws).clone()
+    first = run_op(inp, weights, None, ws, form).clone()
     y = ws["workspace_y"].clone()
     for _ in range(3):
-        again = run_op(inp, weights, None, ws)
+        again = run_op(inp, weights, None, ws, form)
         assert same_bits(again, first)
         assert same_bits(ws["workspace_y"], y)
 
 
 @pytest.mark.gpu
-def test_callers_stream_and_kind_give_the_same_bits(weights, seed, array_kind):
+@pytest.mark.parametrize("form", [-1, 3])
+def test_callers_stream_and_kind_give_the_same_bits(weights, seed, array_kind, form, require_mlp_form):
     """On a new stream of the caller's kind, x written there behind a delay (a launch on any other
     stream would read its NaN poison): the default stream's bits, in an array of the caller's kind."""
+    require_mlp_form(form)
     inp = make_mlp_inputs(300, 8, seed=seed)
-    want = run_op(inp, weights, None, {})
+    want = run_op(inp, weights, None, {}, form)
     args = [array_kind.to(t) for t in mlp_arguments(inp, weights)]
     x_late = array_kind.nan_like(args[0])
     with array_kind.side_stream():
         array_kind.delay()
         array_kind.write(x_late, args[0])
-        got = h3kernels.minimax_h3_mlp_fp8(x_late, *args[1:])
+        got = h3kernels.minimax_h3_mlp_fp8(x_late, *args[1:], fp8_mma_form=form)
     assert got.shape == (300, HIDDEN)
     assert same_bits(array_kind.torch(got, torch.bfloat16), want)
 

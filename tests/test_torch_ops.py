@@ -28,11 +28,11 @@ def attention_args(lens, heads, device, seed=0):
     return make_attention_inputs(lens, heads, device=device, seed=seed)
 
 
-def block(mlp_in, att_in):
+def block(mlp_in, att_in, mlp_form=-1):
     """A toy H3-block step around both operators, with torch work before and after each; exact
     work (scaling by powers of two), so that compiled and eager must agree bitwise."""
     x, *rest = mlp_in
-    h = torch_ops.minimax_h3_mlp_fp8((x.float() * 0.5).bfloat16(), *rest)
+    h = torch_ops.minimax_h3_mlp_fp8((x.float() * 0.5).bfloat16(), *rest, fp8_mma_form=mlp_form)
     q, k, v, cu_dev, cu = att_in
     o = torch_ops.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu)
     return (h.float() * 4).bfloat16(), (o.float() * 2).bfloat16()
@@ -43,7 +43,7 @@ def test_ops_are_registered_with_fake_implementations():
     assert hasattr(torch.ops.h3kernels, "minimax_h3_varlen_attention_fp8")
     mlp_in = meta_mlp_args(5, 3)
     att_in = attention_args([7, 0, 9], 2, "meta")
-    graph = make_fx(block, tracing_mode="fake")(mlp_in, att_in)
+    graph = make_fx(lambda m, a: block(m, a), tracing_mode="fake")(mlp_in, att_in)
     ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert "h3kernels.minimax_h3_mlp_fp8.default" in ops
     assert "h3kernels.minimax_h3_varlen_attention_fp8.default" in ops
@@ -54,29 +54,33 @@ def test_ops_are_registered_with_fake_implementations():
 
 
 @pytest.mark.gpu
-def test_torch_compile_fullgraph_matches_eager(seed):
+@pytest.mark.parametrize("mlp_form", [-1, 3])
+def test_torch_compile_fullgraph_matches_eager(seed, mlp_form, require_mlp_form):
+    require_mlp_form(mlp_form)
     mlp_in = mlp_args(300, 8, seed)
     att_in = attention_args([300, 0, 129, 700], 8, "cuda", seed)
-    want = block(mlp_in, att_in)
+    want = block(mlp_in, att_in, mlp_form)
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True)
-    got = compiled(mlp_in, att_in)
+    got = compiled(mlp_in, att_in, mlp_form)
     torch.cuda.synchronize()
     assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replay_matches_eager(seed):
+@pytest.mark.parametrize("mlp_form", [-1, 3])
+def test_cuda_graph_replay_matches_eager(seed, mlp_form, require_mlp_form):
+    require_mlp_form(mlp_form)
     mlp_in = mlp_args(129, 8, seed)
     att_in = attention_args([1, 127, 129, 0, 300], 8, "cuda", seed)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up on the capturing stream: plan upload, workspace, modules
-        want = block(mlp_in, att_in)
+        want = block(mlp_in, att_in, mlp_form)
     s.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        static = block(mlp_in, att_in)
+        static = block(mlp_in, att_in, mlp_form)
     for _ in range(2):
         graph.replay()
     torch.cuda.synchronize()
@@ -84,7 +88,7 @@ def test_cuda_graph_replay_matches_eager(seed):
     # new inputs copied into the captured ones: the replay follows them
     mlp_in[0].copy_(make_mlp_inputs(129, 8, seed=seed + 4)["x"])
     att_in[0].copy_(attention_args([1, 127, 129, 0, 300], 8, "cuda", seed + 1)[0])
-    want2 = block(mlp_in, att_in)
+    want2 = block(mlp_in, att_in, mlp_form)
     graph.replay()
     torch.cuda.synchronize()
     assert same_bits(static[0], want2[0]) and same_bits(static[1], want2[1])

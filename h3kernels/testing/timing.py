@@ -169,8 +169,7 @@ extern "C" __global__ void h3_spin(unsigned long long ns) {
 def attention_quant_pass_bytes(lens, heads):
     """{pass: bytes it reads and writes} for segments `lens` (the launches of
     _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
-    partial sums per key block and channel), and "needed": reading q, k, v once and writing
-    q8, k8, v8t once, the least any scheme moves."""
+    partial sums per key block and channel)."""
     tokens, blocks = sum(lens), sum(-(-n // 128) for n in lens)
     e, segs = tokens * heads * 128, len(lens)
     part = 2 * blocks * heads * 128 * 4  # the K and V partial sums
@@ -179,8 +178,12 @@ def attention_quant_pass_bytes(lens, heads):
             "kv_block_kernel": 4 * e + part,
             "kv_segment_kernel": part + seg_stats,
             "k_quant_kernel": 2 * e + e + segs * heads * 128 * 4 + 4 * blocks * heads,
-            "v_quant_kernel": 2 * e + blocks * 128 * heads * 128 + segs * heads * 128 * 4,
-            "needed": 3 * (2 * e + e)}
+            "v_quant_kernel": 2 * e + blocks * 128 * heads * 128 + segs * heads * 128 * 4}
+
+
+def attention_quant_least_bytes(lens, heads):
+    """The least any quantization scheme moves: q, k, v read once as bf16, written once as e4m3."""
+    return 3 * 3 * sum(lens) * heads * 128
 
 
 def attention_kernel_alone(call):
