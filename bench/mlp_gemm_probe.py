@@ -3,7 +3,9 @@ lose time against the wgmma ceiling. Random e4m3 operands (the GEMMs' time does 
 the values as long as they are finite and nonzero); timings only, no checks (bench/hopper_mlp.py
 checks every variant that keeps the default's sums).
 
-python bench/mlp_gemm_probe.py [--m 16384] [--variants NAME ...] [--ceiling] [--launches N --only NAME]
+python bench/mlp_gemm_probe.py [--m 16384] [--variants NAME ...] [--whole NAME ...] [--ceiling]
+                               [--launches N --only NAME]
+  --whole       these variants also with every tile whole (the last wave not split over K)
   --ceiling     also the wgmma ceiling with m64n64 / m64n128 / m64n256 groups (wgmma_ceiling.cu WGMMA_N)
   --only NAME   launch that variant's FC1 and FC2 N times and nothing else (for Nsight Compute)
 """
@@ -22,6 +24,7 @@ from bench_common import log
 VARIANTS = {
     "default": (),
     "ieee_silu": (("FAST_SILU", 0),),
+    "prefetch": (("PREFETCH_EPI", 1),),
     "epilogue_blocks4": (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4)),
     "cluster2": (("CLUSTER_M", 2),),
     "cluster2_group8": (("CLUSTER_M", 2), ("GROUP_M", 8)),
@@ -56,11 +59,19 @@ def operands(m):
                 out=torch.empty(m, HIDDEN, dtype=torch.bfloat16, device="cuda"))
 
 
-def gemms(call, m, o, variant):
+def gemms(call, m, o, variant, split=True):
+    """FC1 and FC2 launches; split: the last wave's tiles split over K as the operator does."""
     p = arrays.data_ptr
-    fc1 = lambda: hopper.launch_fc1(call, m, p(o["a_q"]), p(o["a_s"]), p(o["w1"]), p(o["s1"]), p(o["y"]), variant)  # noqa
+    ws = None
+    if split:
+        counter_bytes, total = hopper.split_plan(call.device_id, m, variant)[2:]
+        if total:
+            o["split"] = torch.zeros(total, dtype=torch.uint8, device="cuda")
+            ws = p(o["split"])
+    fc1 = lambda: hopper.launch_fc1(call, m, p(o["a_q"]), p(o["a_s"]), p(o["w1"]), p(o["s1"]), p(o["y"]), variant,  # noqa
+                                    split=ws)
     fc2 = lambda: hopper.launch_fc2_gemm(call, m, p(o["y_q"]), p(o["y_s"]), p(o["w2"]), p(o["s2"]), o["gate"],  # noqa
-                                         p(o["idx"]), p(o["residual"]), p(o["out"]), variant)
+                                         p(o["idx"]), p(o["residual"]), p(o["out"]), variant, split=ws)
     return fc1, fc2
 
 
@@ -70,6 +81,7 @@ def main():
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--ceiling", action="store_true")
     ap.add_argument("--only")
+    ap.add_argument("--whole", nargs="*", default=[], help="these variants also with every tile whole (no split)")
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -92,8 +104,11 @@ def main():
                 tf = measure_wgmma_tflops(call.device_id, WGMMA_N=n, K_STEPS=steps)
                 res[f"ceiling_n{n}_k{steps}_tflops"] = tf
                 log(f"wgmma ceiling m64n{n}k32, {steps} per group: {tf:.0f} TFLOP/s")
-    for name in args.variants:
-        fc1, fc2 = gemms(call, m, o, VARIANTS[name])
+    runs = [(name, VARIANTS[name], True) for name in args.variants]
+    if args.whole:
+        runs += [(name + "_whole", VARIANTS[name], False) for name in args.whole]
+    for name, variant, split in runs:
+        fc1, fc2 = gemms(call, m, o, variant, split)
         try:
             t1, t2 = median_ms(fc1, warmup=3, reps=10), median_ms(fc2, warmup=3, reps=10)
         except Exception as err:  # one variant's failure does not stop the others

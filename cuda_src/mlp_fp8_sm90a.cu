@@ -46,6 +46,7 @@
 //   DBG_NO_EPILOGUE  the epilogues skipped (but for an improbable value): what they cost in a tile
 //   DBG_CLUSTER_LOCAL  (with CLUSTER_M 2) each CTA loads all of B itself, no multicast: the pairs'
 //                   coupled barriers without the multicast
+//   PREFETCH_EPI    each unit's start prefetches its epilogue's operands (measured: no clear gain)
 #include "hopper_common.cuh"
 #include "mlp_fp8_common.cuh"
 
@@ -53,7 +54,7 @@
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
     !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64) || \
-    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU)
+    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU) || !defined(PREFETCH_EPI)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || BK != 128
@@ -84,6 +85,57 @@
 #define KB_STEP 1
 #endif
 
+// The work split of a persistent GEMM (the launch layer's work_split() picks it; see wgmma_gemm).
+struct SplitK {
+  int whole;        // tiles taken whole: a multiple of the grid's CTA groups, or all tiles
+  int parts;        // K ranges of each later tile (1: no tile is split)
+  float* partials;  // per split tile, CTA of its group, warpgroup and part: 128 x 128 FP32 sums
+  int* counters;    // per split tile, CTA of its group and warpgroup: parts done (0 before a launch,
+                    // and the last part sets it back to 0)
+};
+struct WorkUnit {
+  int tile, part;         // part -1: the whole tile
+  int kb_begin, kb_end;   // its K slices
+};
+
+// Part boundaries fall on the K loop's step (a partial's slices, both A register sets).
+#define UNIT_SLICES (KB_STEP * A_SETS)
+__device__ __forceinline__ WorkUnit work_unit(int u, const SplitK& split, int slices) {
+  if (u < split.whole) return {u, -1, 0, slices};
+  const int v = u - split.whole, part = v % split.parts, steps = slices / UNIT_SLICES;
+  return {split.whole + v / split.parts, part, UNIT_SLICES * (part * steps / split.parts),
+          UNIT_SLICES * ((part + 1) * steps / split.parts)};
+}
+
+// One part of a split tile is done in acc (this consumer warpgroup's 64 rows): store its sums
+// in its slot and count it; the tile's last part to arrive then reads every part's sums back in
+// part order, so acc is the same FP32 sum whichever part came last. Returns whether this was the
+// last part (which then runs the epilogue). slot: the split tile's index times CLUSTER_M plus
+// the CTA's rank in its group. The stores, fence, count and fence are the usual last-block
+// pattern; the loads bypass L1 (.cg), which is not coherent with other SMs' stores.
+__device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK& split, int part, int slot,
+                                              int consumer) {
+  __shared__ int arrived[2];
+  const int t = threadIdx.x & 127, counter = 2 * slot + consumer;
+  float* sums = split.partials + (i64)counter * split.parts * (128 * 128) + t;  // [part][i][thread]
+#pragma unroll
+  for (int i = 0; i < 128; ++i) __stcg(sums + (i64)part * (128 * 128) + 128 * i, acc[i >> 6][i & 63]);
+  __threadfence();
+  warpgroup_sync(1 + consumer);
+  if (t == 0) arrived[consumer] = atomicAdd(split.counters + counter, 1);
+  warpgroup_sync(1 + consumer);
+  if (arrived[consumer] != split.parts - 1) return false;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] = __ldcg(sums + 128 * i);
+#pragma unroll 1
+  for (int p = 1; p < split.parts; ++p)
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] += __ldcg(sums + (i64)p * (128 * 128) + 128 * i);
+  if (t == 0) split.counters[counter] = 0;
+  return true;
+}
+
 #if CLUSTER_M != 1 && CLUSTER_M != 2
 #error "CLUSTER_M is 1 or 2"
 #endif
@@ -107,13 +159,20 @@
 // acc[h][i] in the wgmma fragment layout of half h (hopper_common.cuh). The epilogue must not
 // touch shared memory.
 //
+// Work units (split): a persistent grid of P CTAs takes units c, c + P, ... The first
+// split.whole tiles (a multiple of P, so every CTA takes as many) are one unit each; each later
+// tile, the last wave's, is split.parts units over consecutive K ranges, so that the last wave
+// keeps all P CTAs busy instead of its r < P. Each part's FP32 sums go to a slot of
+// split.partials; the last part of a tile to finish adds the slots in part order (the same bits
+// whichever finishes last) and runs the epilogue.
+//
 // With CLUSTER_M = 2 the CTAs run in pairs (a cluster) on vertically adjacent tiles with the
 // same B columns: each loads its own A and half of the B slice, multicast to both, so a pair
 // reads B from L2 once. A stage of either CTA is then written by both producers, so its empty
 // barrier counts the consumer warps of both CTAs before either producer refills it.
-template <int K, class Epilogue>
+template <int K, class Prefetch, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
-                                           Epilogue epilogue) {
+                                           const SplitK& split, Prefetch prefetch, Epilogue epilogue) {
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
@@ -122,6 +181,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   // the walk is over groups of CLUSTER_M vertically adjacent tiles; a group's CTAs take one tile each
   const int groups_m = (m_tiles + CLUSTER_M - 1) / CLUSTER_M, tiles = groups_m * n_tiles;
   const int group0 = blockIdx.x / CLUSTER_M, group_step = gridDim.x / CLUSTER_M;
+  const int units = split.whole + (tiles - split.whole) * split.parts;
 #if CLUSTER_M == 2
   const u32 rank = cluster_rank();
 #else
@@ -150,12 +210,13 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       tma_prefetch_map(map_b);
       int stage = 0;
       u32 phase = 0;
-      for (int tile = group0; tile < tiles; tile += group_step) {
+      for (int u = group0; u < units; u += group_step) {
+        const WorkUnit w = work_unit(u, split, K / BK);
         int m0, n0;
-        tile_origin(tile, groups_m, n_tiles, m0, n0);
+        tile_origin(w.tile, groups_m, n_tiles, m0, n0);
         m0 = m0 * CLUSTER_M + rank * BM;
 #pragma unroll 1
-        for (int kb = 0; kb < K / BK; ++kb) {
+        for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
 #ifdef DBG_NO_TMA
           mbar_arrive(&full[stage]);
@@ -218,17 +279,23 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
 #endif
-    for (int tile = group0; tile < tiles; tile += group_step) {
+    for (int u = group0; u < units; u += group_step) {
+      const WorkUnit w = work_unit(u, split, K / BK);
+      const int kb_begin = w.kb_begin, kb_end = w.kb_end;
       int m0, n0;
-      tile_origin(tile, groups_m, n_tiles, m0, n0);
+      tile_origin(w.tile, groups_m, n_tiles, m0, n0);
       m0 = m0 * CLUSTER_M + rank * BM;
+#if PREFETCH_EPI
+      prefetch(m0 + 64 * consumer, n0);  // the epilogue's operands come in while the K loop runs
+#endif
       float acc[2][64];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
 #pragma unroll 1
-      for (int kb0 = 0; kb0 < K / BK; kb0 += KB_STEP * A_SETS) {
+      int kb0 = kb_begin;  // every unit has at least one step
+      do {
 #pragma unroll
         for (int u = 0; u < A_SETS; ++u) {  // A_REGS 2: slices alternate between two sets of A registers
           const int kb = kb0 + u * KB_STEP;
@@ -241,7 +308,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll
           for (int p = 1; p < SLICES_PER_PARTIAL; ++p) mbar_wait(&full[stage + p], phase);
 #if A_REGS == 1
-          if (kb > 0) {  // the previous group's last quarter still reads a_frag: wait for it, free its stages
+          if (kb > kb_begin) {  // the previous group's last quarter still reads a_frag: wait for it, free its stages
             wgmma_wait<0>();
 #pragma unroll
             for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
@@ -281,7 +348,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
             wgmma_commit();
             wgmma_wait<1>();  // the previous quarter (of this group or the last) is done
             const int pq = (q + 3) & 3;  // its quarter
-            if (q > 0 || kb > 0) {
+            if (q > 0 || kb > kb_begin) {
 #pragma unroll
               for (int i = 0; i < 32; ++i) {
                 fence_regs(part[pq & 1][i]);
@@ -289,13 +356,13 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
               }
             }
 #if A_REGS != 1
-            if (q == 0 && kb > 0 && lane == 0) {  // the previous group's last quarter is done: free its stages
+            if (q == 0 && kb > kb_begin && lane == 0) {  // the previous group's last quarter is done: free its stages
 #pragma unroll
               for (int p = SLICES_PER_PARTIAL; p > 0; --p) release(stage >= p ? stage - p : stage + STAGES - p);
             }
 #endif
           }
-          if (kb == K / BK - SLICES_PER_PARTIAL) {  // the tile's last quarter
+          if (kb == kb_end - SLICES_PER_PARTIAL) {  // the unit's last quarter
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < 32; ++i) {
@@ -323,8 +390,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
           }
           wgmma_commit();
           wgmma_wait<1>();  // the previous slice is done: free its stage
-          if (kb > 0 && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
-          if (kb == K / BK - 1) {
+          if (kb > kb_begin && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
+          if (kb == kb_end - 1) {
             wgmma_wait<0>();
           } else {
             if (++stage == STAGES) {
@@ -364,11 +431,13 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
             phase ^= 1;
           }
         }
-      }
+      } while ((kb0 += KB_STEP * A_SETS) < kb_end);
+      // a split tile's parts but its last end here (combine_parts)
+      const bool done = w.part < 0 || combine_parts(acc, split, w.part, (w.tile - split.whole) * CLUSTER_M + rank, consumer);
 #ifdef DBG_NO_EPILOGUE
-      if (acc[0][0] == 1234.5f && acc[1][63] == 1234.5f) epilogue(acc, m0 + 64 * consumer, n0);  // keeps the sums live
+      if (done && acc[0][0] == 1234.5f && acc[1][63] == 1234.5f) epilogue(acc, m0 + 64 * consumer, n0);  // keeps the sums live
 #else
-      epilogue(acc, m0 + 64 * consumer, n0);
+      if (done) epilogue(acc, m0 + 64 * consumer, n0);
 #endif
     }
   }
@@ -384,15 +453,28 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 // 1e-36; infinities and NaN come out as in the IEEE form.
 __device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.f + __expf(-g)); }
 
+// PREFETCH_EPI: the prefetch.global hints an epilogue issues when its unit starts (L1 for the
+// column and row scales, which nothing else brings into L1 during the K loop; L2 for FC2's
+// residual rows), so that the epilogue's loads do not wait out L2 or DRAM latency while the
+// tensor cores idle.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 // Thread t of a consumer warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per
 // half h and n8 block j, columns 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e].
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
     h3_mlp_fc1_wgmma(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_w1,
                      const float* __restrict__ a_scale, const float* __restrict__ w1_scale, u16* __restrict__ y,
-                     int M) {
+                     int M, int split_whole, int split_parts, float* partials, int* counters) {
   // n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the prepacked
   // row order), so one thread holds both operands of each SwiGLU.
-  wgmma_gemm<HIDDEN>(&map_a, &map_w1, M, FC1_OUT / BN, [&](const float (&acc)[2][64], int r0, int n0) {
+  // 128-byte lines: BN column scales (8 lines), 64 row scales (2)
+  auto prefetch = [&](int r0, int n0) {
+    const int t = threadIdx.x & 127;
+    if (t < 8) prefetch_l1(w1_scale + n0 + 32 * t);
+    else if (t < 10 && r0 + 32 * (t - 8) < M) prefetch_l1(a_scale + r0 + 32 * (t - 8));
+  };
+  wgmma_gemm<HIDDEN>(&map_a, &map_w1, M, FC1_OUT / BN, SplitK{split_whole, split_parts, partials, counters}, prefetch, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
 #ifdef DBG_RAW_ACC  // the FP32 sums themselves, [M, FC1_OUT] floats at y, to measure their error
@@ -451,8 +533,22 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
     h3_mlp_fc2_wgmma(const __grid_constant__ TmaMap map_y_q, const __grid_constant__ TmaMap map_w2,
                      const float* __restrict__ y_scale, const float* __restrict__ w2_scale,
                      const u16* __restrict__ gate, i64 gate_stride, i64 gate_rows, const i64* __restrict__ adaln_index,
-                     const u16* residual, u16* out, int M) {
-  wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, [&](const float (&acc)[2][64], int r0, int n0) {
+                     const u16* residual, u16* out, int M, int split_whole, int split_parts, float* partials,
+                     int* counters) {
+  // L1: BN column scales (8 lines), 64 row scales (2), 64 adaln indices (4); L2: 64 residual rows
+  // of BN bf16 (4 lines each)
+  auto prefetch = [&](int r0, int n0) {
+    const int t = threadIdx.x & 127;
+    if (t < 8) prefetch_l1(w2_scale + n0 + 32 * t);
+    else if (t < 10 && r0 + 32 * (t - 8) < M) prefetch_l1(y_scale + r0 + 32 * (t - 8));
+    else if (t < 14 && r0 + 16 * (t - 10) < M) prefetch_l1(adaln_index + r0 + 16 * (t - 10));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int line = t + 128 * i, row = r0 + line / 4;
+      if (row < M) prefetch_l2(residual + (i64)row * HIDDEN + n0 + 64 * (line % 4));
+    }
+  };
+  wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, SplitK{split_whole, split_parts, partials, counters}, prefetch, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // As in FC1, a group's loads (residual, gate, scales) all come before its arithmetic and

@@ -4,6 +4,7 @@ FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
 from h3kernels import reference
 from h3kernels import _validate as validate
 from h3kernels._launch import mlp_fp8 as launch
+from h3kernels._launch import mlp_fp8_sm90a
 from h3kernels._runtime import arrays, targets
 from h3kernels._validate import mlp_fp8 as checks
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
@@ -100,18 +101,22 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     m = x.shape[0]
     address = {name: f[3] for name, f in facts.items()}  # read once, by the checks
 
+    # form 3's split workspace: the last wave's tiles split over K (mlp_fp8_sm90a.split_plan)
+    wgmma = form == mlp_fp8_sm90a.FORM
+    counter_bytes, split_bytes = mlp_fp8_sm90a.split_plan(call.device_id, m)[2:] if wgmma else (0, 0)
     # the buffers between the launches: the caller's workspaces, else one scratch allocation
-    offsets, total = launch.scratch_layout(m)
+    offsets, total = launch.scratch_layout(m, split_bytes)
     base = None
     ptr = {}
-    for name, argument in _WORKSPACES:
-        p = address.get(argument)
+    for name, argument in _WORKSPACES + (("split", None),):
+        p = address.get(argument) if argument else (None if split_bytes else 0)
         if p is None:
             if base is None:
                 scratch = call.empty((total,), arrays.E4M3)  # held until the launches are queued
                 base = arrays.data_ptr(scratch)
             p = base + offsets[name]
         ptr[name] = p
+    split = ptr["split"] or None
     if out is None:
         out = call.empty((m, HIDDEN), arrays.BF16)
         out_ptr = arrays.data_ptr(out)
@@ -123,12 +128,15 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     previous = call.make_current()
     try:
         launch.launch_row_at(call, m, row)
-        launch.zero_flags(call, m, ptr["flags"])
+        if not wgmma:
+            launch.zero_flags(call, m, ptr["flags"])
+        elif split:
+            launch.zero_bytes(call, split, counter_bytes)
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
-                          address["fc1_weight_scale"], ptr["y"])
+                          address["fc1_weight_scale"], ptr["y"], split)
         launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], address["fc2_weight_q"],
                           address["fc2_weight_scale"], gate, address["adaln_index"], address["residual"], out_ptr,
-                          ptr["flags"])
+                          ptr["flags"], split)
     finally:
         arrays.restore(previous)
     return out  # the scratch goes back to the caller's allocator, stream-ordered behind the launches

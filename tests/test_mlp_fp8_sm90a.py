@@ -32,7 +32,12 @@ def test_variant_builds_without_spills_or_serialized_wgmma(variant):
     parsed = compile_check.parse_ptxas(log)
     assert {"h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma"} <= set(parsed)
     assert all(r["spill_st"] + r["spill_ld"] == 0 for r in parsed.values()), parsed
-    assert "serialized" not in log
+    if variant == (("FAST_SILU", 0),):
+        # the IEEE division's divergent slow path holds a wait ptxas injects after the K loop
+        # (12.9 and 13.0): FC1 serialized, so that build is for its bits, not its time
+        assert "h3_mlp_fc2_wgmma'" not in "".join(line for line in log.splitlines() if "serialized" in line)
+    else:
+        assert "serialized" not in log
 
 
 @pytest.mark.parametrize("variant", [(("A_REGS", 2), ("PROMOTE_K", 256)), (("A_REGS", 1), ("PROMOTE_N64", 0)),
@@ -92,21 +97,54 @@ def test_map_parameters_sit_where_the_entry_expects_them():
     class Function:
         ptr = 0
 
-    assert launcher.param_layout(hopper.FC1_PARAMS)[1] == [0, 128, 256, 264, 272, 280]
-    assert launcher.param_layout(hopper.FC2_PARAMS)[1] == [0, 128, 256, 264, 272, 280, 288, 296, 304, 312, 320]
+    fc1_offsets = [0, 128, 256, 264, 272, 280, 284, 288, 296, 304]
+    assert launcher.param_layout(hopper.FC1_PARAMS)[1] == fc1_offsets
+    assert launcher.param_layout(hopper.FC2_PARAMS)[1] == [0, 128, 256, 264, 272, 280, 288, 296, 304, 312, 320, 324,
+                                                           328, 336, 344]
     assert launcher.param_layout(("u32", "map"))[1] == [0, 64]
     fc1 = launcher.Kernel(Function(), 0, hopper.FC1_PARAMS)
-    assert list(fc1._addrs - fc1._buf.ctypes.data) == [0, 128, 256, 264, 272, 280] and fc1._extra_ptr == 0
+    assert list(fc1._addrs - fc1._buf.ctypes.data) == fc1_offsets and fc1._extra_ptr == 0
     quant = launcher.Kernel(Function(), 0, hopper.QUANT_PARAMS)
     assert quant._kernel_params == 0 and launcher.pack_format(hopper.QUANT_PARAMS) == "<QQQ"
 
 
-def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles():
-    assert hopper.grid(16384, 112, 132, 1) == 132
-    assert hopper.grid(1, 21, 132, 1) == 21
-    assert hopper.grid(1, 112, 132, 2) == 132  # one pair of m-tiles x 112 columns
-    assert hopper.grid(129, 21, 132, 2) == 42
-    assert hopper.grid(16384, 21, 131, 2) == 130
+def fake_kernels(monkeypatch, sms, cluster):
+    monkeypatch.setattr(hopper, "kernels", lambda device_id, variant=(): (None, None, None, sms, cluster))
+    hopper.split_plan.cache_clear()
+
+
+@pytest.mark.parametrize("m,gemm,sms,cluster,ctas,params", [
+    (16384, 0, 132, 1, 132, (14336, 1, 0, 0)),  # 108.6 waves: the last too full to split
+    (1, 1, 132, 1, 21, (21, 1, 0, 0)),  # no workspace given: whole tiles, one CTA each
+    (1, 0, 132, 2, 132, (112, 1, 0, 0)),  # one pair of m-tiles x 112 columns
+    (129, 1, 132, 2, 42, (21, 1, 0, 0)),
+    (16384, 1, 131, 2, 130, (1344, 1, 0, 0))])
+def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles(monkeypatch, m, gemm, sms, cluster, ctas,
+                                                                          params):
+    fake_kernels(monkeypatch, sms, cluster)
+    assert hopper.walk(0, m, gemm, None) == (ctas, params)
+
+
+@pytest.mark.parametrize("groups,slots,slices,want", [
+    (21, 132, 112, (0, 6)), (42, 132, 112, (0, 3)), (672, 132, 112, (660, 11)), (3584, 132, 42, (3564, 6)),
+    (2688, 132, 112, (2640, 2)), (14336, 132, 42, (14336, 1)), (224, 132, 42, (224, 1)), (264, 132, 42, (264, 1)),
+    (1, 132, 42, (0, 10)), (1, 132, 8, (0, 2)), (1, 132, 7, (1, 1))])
+def test_work_split_spreads_the_last_wave_over_every_slot(groups, slots, slices, want):
+    whole, parts = hopper.work_split(groups, slots, slices)
+    assert (whole, parts) == want
+    assert whole % slots == 0 or parts == 1
+    assert (groups - whole) * parts <= slots and slices // parts >= hopper.MIN_PART_SLICES
+
+
+def test_split_plan_sizes_its_workspace_for_the_larger_gemm(monkeypatch):
+    fake_kernels(monkeypatch, 132, 1)
+    fc1, fc2, counter_bytes, total = hopper.split_plan(0, 4096)
+    assert fc1 == (132, 3564, 6) and fc2 == (132, 660, 11)
+    assert counter_bytes == 256 and total == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 tiles x 11 parts
+    ctas, params = hopper.walk(0, 4096, 1, 1 << 20)
+    assert ctas == 132 and params == (660, 11, (1 << 20) + 256, 1 << 20)
+    assert hopper.split_plan(0, 132 * hopper.BM)[2:] == (0, 0)  # both GEMMs' waves full: no workspace
+    assert hopper.walk(0, 132 * hopper.BM, 1, 1 << 20) == (132, (132 * 21, 1, 0, 0))
 
 
 @pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
@@ -184,7 +222,7 @@ def _hopper():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 129, 3000])
+@pytest.mark.parametrize("m", [1, 129, 3000])  # on 132 SMs: FC2 split 6 and 3 ways at 1 and 129, FC1 2 ways at 3000
 def test_form_3_against_the_reference_and_form_0(m):
     if not _hopper():
         pytest.skip("needs compute capability 9.0")

@@ -59,12 +59,13 @@ ALIGN = 256
 
 
 @functools.lru_cache(maxsize=64)
-def scratch_layout(m):
+def scratch_layout(m, split_bytes=0):
     """({name: byte offset}, total bytes) of the buffers one call needs between its launches
-    (a_q, a_scale, y, y_q, y_scale, flags), carved from one allocation: one allocator call
-    instead of six. (Cached per M: the dict is shared, read it only.)"""
+    (a_q, a_scale, y, y_q, y_scale, flags, and form 3's split workspace of split_bytes),
+    carved from one allocation: one allocator call instead of seven. (Cached per M: the dict is
+    shared, read it only.)"""
     sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
-             ("flags", 4 * fc2_flag_count(m)))
+             ("flags", 4 * fc2_flag_count(m)), ("split", split_bytes))
     offsets, off = {}, 0
     for name, size in sizes:
         offsets[name] = off
@@ -108,7 +109,12 @@ def launch_row_at(call, m, values):
 
 def zero_flags(call, m, flags):
     """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
-    _cuda_runtime().memsetAsync(flags, 0, 4 * fc2_flag_count(m), call.stream_ptr)
+    zero_bytes(call, flags, 4 * fc2_flag_count(m))
+
+
+def zero_bytes(call, address, count):
+    """Stream-ordered memset of `count` bytes at `address`."""
+    _cuda_runtime().memsetAsync(address, 0, count, call.stream_ptr)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,22 +124,26 @@ def _cuda_runtime():
     return runtime
 
 
-def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y):
+def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y, split=None):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
-    Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a)."""
+    Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a), with the last
+    wave's tiles split over K where `split` (its workspace, mlp_fp8_sm90a.split_plan) is given."""
     if form == mlp_fp8_sm90a.FORM:
-        return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y)
+        return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=split)
     fc1, _, sms = gemms(call.device_id, form)
     fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
                (a_q, a_scale, w1_q, w1_scale, y, m))
 
 
-def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags):
+def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags,
+               split=None):
     """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. gate is
     the table (its row stride and rows are parameters); the rest are addresses. Form 3 runs the
-    wgmma family (mlp_fp8_sm90a: a y quantization kernel, then the GEMM; flags unused)."""
+    wgmma family (mlp_fp8_sm90a: a y quantization kernel, then the GEMM; flags unused; split as
+    in launch_fc1)."""
     if form == mlp_fp8_sm90a.FORM:
-        return mlp_fp8_sm90a.launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out)
+        return mlp_fp8_sm90a.launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out,
+                                        split=split)
     _, fc2, sms = gemms(call.device_id, form)
     fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
                (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0],

@@ -5,6 +5,8 @@ constant of that source and the TMA tensor maps the GEMMs take.
 A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
+import functools
+
 from h3kernels._launch.tma import tensor_map
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
@@ -36,15 +38,18 @@ CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of 
 # overlap (16 spills 12 bytes in FC1, ptxas 13.0; 4 measured 1-2% slower: docs/hopper.md)
 FAST_SILU = 1  # FC1's SiLU from the special-function unit's exp and reciprocal (measured: docs/hopper.md)
 FC1_EPI_BLOCKS = 8
+PREFETCH_EPI = 0  # 1: each unit's start prefetches its epilogue's scales (L1) and FC2's residual (L2)
 FC2_EPI_BLOCKS = 8
 QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
 GEMM_THREADS = 384
 SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
 DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
 
-FC1_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i32",)  # map_a, map_w1, a_scale, w1_scale, y, M
+SPLIT_PARAMS = ("i32", "i32", "u64", "u64")  # whole tiles, parts per later tile, partials, counters
+FC1_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i32",) + SPLIT_PARAMS  # map_a, map_w1, a_scale, w1_scale, y, M
 # map_y_q, map_w2, y_scale, w2_scale, gate, its stride and rows, adaln_index, residual, out, M
-FC2_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i64", "i64") + ("u64",) * 3 + ("i32",)
+FC2_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i64", "i64") + ("u64",) * 3 + ("i32",) + SPLIT_PARAMS
+MIN_PART_SLICES = 4  # K slices of the shortest part of a split tile: the ring's depth keeps its loads ahead
 QUANT_PARAMS = ("u64",) * 3  # y, y_q, y_scale
 
 
@@ -54,7 +59,7 @@ def defines(arch=ARCH, form=FORM, **variant):
     d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
              PROMOTE_K=PROMOTE_K, A_REGS=A_REGS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, FC1_EPI_BLOCKS=FC1_EPI_BLOCKS, FC2_EPI_BLOCKS=FC2_EPI_BLOCKS,
-             FAST_SILU=FAST_SILU,
+             FAST_SILU=FAST_SILU, PREFETCH_EPI=PREFETCH_EPI,
              QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d
@@ -105,19 +110,69 @@ def resident_clusters(kernel, cluster, sms):
         return sms // cluster
 
 
-def grid(m, n_tiles, sms, cluster):
-    """CTAs of a persistent GEMM: whole clusters, at most one CTA per SM, no more than the tiles."""
-    groups = -(-(-(-m // BM)) // cluster) * n_tiles
-    return cluster * min(groups, sms // cluster)
+def tile_groups(m, n_tiles, cluster):
+    """Output tiles of a GEMM, counted in groups of `cluster` vertically adjacent tiles."""
+    return -(-(-(-m // BM)) // cluster) * n_tiles
 
 
-def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=()):
+def work_split(groups, slots, slices):
+    """(whole, parts): the persistent walk's work units (cuda_src/mlp_fp8_sm90a.cu, wgmma_gemm).
+    With `slots` CTA groups resident, `groups` tiles run in ceil(groups / slots) waves, the last
+    with r = groups % slots tiles while the other slots idle: those r tiles are split into
+    parts = slots // r ranges of their `slices` K slices, so the last wave is about parts times
+    shorter. No split where the last wave is full or a part would fall under MIN_PART_SLICES."""
+    r = groups % slots
+    parts = min(slots // r, slices // MIN_PART_SLICES) if r else 1
+    return (groups - r, parts) if parts > 1 else (groups, 1)
+
+
+COUNTER_BYTES = 4
+PARTIAL_BYTES = 2 * 64 * BN * 4  # one part's FP32 sums of one tile: two warpgroups' 64 x 256
+
+
+@functools.lru_cache(maxsize=256)
+def split_plan(device_id, m, variant=()):
+    """((grid, whole, parts) of FC1, the same of FC2, counter bytes, workspace bytes) at M rows
+    on a device. The workspace holds the split tiles' counters, then their partial sums (the
+    two GEMMs run one after the other and share it); 0 bytes where neither GEMM splits. Its
+    counter bytes must be zero before the first launch that uses it; every launch leaves them
+    zero."""
+    *_, slots, cluster = kernels(device_id, variant)
+    plans, counters, partials = [], 0, 0
+    for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
+        groups = tile_groups(m, n_tiles, cluster)
+        whole, parts = work_split(groups, slots // cluster, k // BK)
+        units = whole + (groups - whole) * parts
+        plans.append((cluster * min(units, slots // cluster), whole, parts))
+        split = (groups - whole) * cluster
+        counters = max(counters, 2 * split * COUNTER_BYTES)
+        partials = max(partials, split * parts * PARTIAL_BYTES if parts > 1 else 0)
+    if not partials:
+        return plans[0], plans[1], 0, 0
+    counters = -(-counters // 256) * 256  # the partials 256-byte aligned
+    return plans[0], plans[1], counters, counters + partials
+
+
+def walk(device_id, m, gemm, split, variant=()):
+    """(grid, the kernel's four split parameters) of FC1 (gemm 0) or FC2 (1) at M rows: the
+    split_plan's where `split` (the workspace's address) is given and that GEMM splits, else
+    every tile whole."""
+    plan = split_plan(device_id, m, variant)
+    grid_ctas, whole, parts = plan[gemm]
+    if parts > 1 and split is not None:
+        return grid_ctas, (whole, parts, split + plan[2], split)
+    *_, slots, cluster = kernels(device_id, variant)
+    groups = tile_groups(m, (FC1_OUT if gemm == 0 else HIDDEN) // BN, cluster)
+    return cluster * min(groups, slots // cluster), (groups, 1, 0, 0)
+
+
+def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
-    Arguments are addresses."""
-    fc1, _, _, sms, cluster = kernels(call.device_id, variant)
+    Arguments are addresses; split: the split workspace (split_plan), None for whole tiles."""
+    fc1, _, _, _, cluster = kernels(call.device_id, variant)
     maps = (tensor_map(a_q, m, HIDDEN, BM), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
-    fc1.launch(call.stream_ptr, (grid(m, FC1_OUT // BN, sms, cluster), 1), GEMM_THREADS,
-               (*maps, a_scale, w1_scale, y, m))
+    ctas, params = walk(call.device_id, m, 0, split, variant)
+    fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, (*maps, a_scale, w1_scale, y, m, *params))
 
 
 def launch_y_quant(call, m, y, y_q, y_scale, variant=()):
@@ -125,17 +180,20 @@ def launch_y_quant(call, m, y, y_q, y_scale, variant=()):
     kernels(call.device_id, variant)[2].launch(call.stream_ptr, (m, 1), QUANT_THREADS, (y, y_q, y_scale))
 
 
-def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=()):
+def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=(),
+                    split=None):
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
-    and rows are parameters); the rest are addresses."""
-    _, fc2, _, sms, cluster = kernels(call.device_id, variant)
+    and rows are parameters); split as in launch_fc1; the rest are addresses."""
+    _, fc2, _, _, cluster = kernels(call.device_id, variant)
     maps = (tensor_map(y_q, m, FFN, BM), tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
-    fc2.launch(call.stream_ptr, (grid(m, HIDDEN // BN, sms, cluster), 1), GEMM_THREADS,
+    ctas, params = walk(call.device_id, m, 1, split, variant)
+    fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
-                residual, out, m))
+                residual, out, m, *params))
 
 
-def launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=()):
+def launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=(),
+               split=None):
     """y_q, y_scale <- quantize(y), then out <- residual + gate * FC2(y_q), on the call's stream."""
     launch_y_quant(call, m, y, y_q, y_scale, variant)
-    launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant)
+    launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant, split)
