@@ -6,11 +6,13 @@ checks every variant that keeps the default's sums).
 python bench/mlp_gemm_probe.py [--m 16384] [--variants NAME ...] [--whole NAME ...] [--ceiling]
                                [--launches N --only NAME]
   --whole       these variants also with every tile whole (the last wave not split over K)
+  --rounds N    every variant once per round, in turn; each figure the median over the rounds
   --ceiling     also the wgmma ceiling with m64n64 / m64n128 / m64n256 groups (wgmma_ceiling.cu WGMMA_N)
   --only NAME   launch that variant's FC1 and FC2 N times and nothing else (for Nsight Compute)
 """
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -81,6 +83,7 @@ def main():
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--ceiling", action="store_true")
     ap.add_argument("--only")
+    ap.add_argument("--rounds", type=int, default=1, help="times each variant once per round, in turn")
     ap.add_argument("--whole", nargs="*", default=[], help="these variants also with every tile whole (no split)")
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--json")
@@ -107,18 +110,29 @@ def main():
     runs = [(name, VARIANTS[name], True) for name in args.variants]
     if args.whole:
         runs += [(name + "_whole", VARIANTS[name], False) for name in args.whole]
-    for name, variant, split in runs:
-        fc1, fc2 = gemms(call, m, o, variant, split)
-        try:
-            t1, t2 = median_ms(fc1, warmup=3, reps=10), median_ms(fc2, warmup=3, reps=10)
-        except Exception as err:  # one variant's failure does not stop the others
-            res[name + "_error"] = f"{type(err).__name__}: {str(err)[-300:]}"
-            log(f"{name}: {res[name + '_error']}")
-            continue
+    # rounds: every variant once per round, in turn, so that the GPU's warming over the run
+    # reaches each alike; a variant's figure is its median over the rounds
+    times = {}
+    for r in range(args.rounds):
+        for name, variant, split in runs:
+            if name + "_error" in res:
+                continue
+            fc1, fc2 = gemms(call, m, o, variant, split)
+            try:
+                t1, t2 = median_ms(fc1, warmup=3, reps=10), median_ms(fc2, warmup=3, reps=10)
+            except Exception as err:  # one variant's failure does not stop the others
+                res[name + "_error"] = f"{type(err).__name__}: {str(err)[-300:]}"
+                log(f"{name}: {res[name + '_error']}")
+                continue
+            times.setdefault(name, []).append((t1, t2))
+            log(f"round {r} {name}: FC1 {t1:.3f} ms, FC2 {t2:.3f} ms")
+    for name, runs_ms in times.items():
+        t1 = statistics.median(t[0] for t in runs_ms)
+        t2 = statistics.median(t[1] for t in runs_ms)
         res[name] = dict(fc1_ms=t1, fc2_ms=t2, fc1_tflops=2 * m * HIDDEN * FC1_OUT / t1 / 1e9,
-                         fc2_tflops=2 * m * FFN * HIDDEN / t2 / 1e9)
+                         fc2_tflops=2 * m * FFN * HIDDEN / t2 / 1e9, rounds=runs_ms)
         log(f"{name}: FC1 {t1:.3f} ms ({res[name]['fc1_tflops']:.0f} TFLOP/s), "
-            f"FC2 {t2:.3f} ms ({res[name]['fc2_tflops']:.0f} TFLOP/s)")
+            f"FC2 {t2:.3f} ms ({res[name]['fc2_tflops']:.0f} TFLOP/s), median of {len(runs_ms)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
