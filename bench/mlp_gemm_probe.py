@@ -27,6 +27,8 @@ VARIANTS = {
     "default": (),
     "ieee_silu": (("FAST_SILU", 0),),
     "prefetch": (("PREFETCH_EPI", 1),),
+    "stages3": (("STAGES", 3),),
+    "no_promote": (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)),
     "epilogue_blocks4": (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4)),
     "cluster2": (("CLUSTER_M", 2),),
     "cluster2_group8": (("CLUSTER_M", 2), ("GROUP_M", 8)),
