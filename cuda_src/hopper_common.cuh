@@ -81,6 +81,12 @@ __device__ __forceinline__ u64 wgmma_desc_at(u32 lo, u32 step_bytes) {
   return ((u64)((1024u >> 4) | (1u << 30)) << 32) | (u64)(lo + (step_bytes >> 4));  // bits 62-63: 1
 }
 __device__ __forceinline__ u64 wgmma_desc(u32 addr) { return wgmma_desc_at(wgmma_desc_lo(addr), 0); }
+// The same for K-major rows of 64 bytes with the 64B swizzle (what a TMA box of 64-byte rows
+// with CU_TENSOR_MAP_SWIZZLE_64B writes; 512-byte aligned tiles): stride byte offset 512 (8 rows
+// x 64 bytes), layout type 2 in bits 62-63. K steps of 32 values add 32 bytes, as above.
+__device__ __forceinline__ u64 wgmma_desc_64b(u32 addr) {
+  return ((u64)((512u >> 4) | (2u << 30)) << 32) | (u64)wgmma_desc_lo(addr);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

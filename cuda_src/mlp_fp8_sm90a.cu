@@ -57,9 +57,20 @@
     !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU) || !defined(PREFETCH_EPI)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
-#if BM != 128 || BN != 256 || BK != 128
-#error "the warpgroup roles below assume 128 x 256 output tiles and 128-byte K slices"
+#if BM != 128 || BN != 256 || (BK != 128 && BK != 64)
+#error "the warpgroup roles below assume 128 x 256 output tiles and K slices of 128 or 64 bytes"
 #endif
+#if BK == 64 && A_REGS
+#error "A_REGS reads 128-byte rows"
+#endif
+// a K-major operand tile in shared memory: rows of BK bytes, swizzled over the whole row
+__device__ __forceinline__ u64 operand_desc(u32 addr) {
+#if BK == 128
+  return wgmma_desc(addr);
+#else
+  return wgmma_desc_64b(addr);
+#endif
+}
 #if HIDDEN % BK != 0 || FFN % BK != 0 || FC1_OUT % BN != 0 || HIDDEN % BN != 0 || FFN % (8 * QUANT_THREADS) != 0
 #error "the sizes must be whole numbers of tiles"
 #endif
@@ -338,11 +349,11 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
             for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
 #pragma unroll
               for (int k = 0; k < BK / 32; ++k) {
-                const u64 desc_b = wgmma_desc(b + p * STAGE_BYTES + q * 64 * BK + 32 * k);
+                const u64 desc_b = operand_desc(b + p * STAGE_BYTES + q * 64 * BK + 32 * k);
 #if A_REGS
                 wgmma_m64n64k32_e4m3_rs(part[q & 1], a_frag[u][p][k], desc_b, p + k);
 #else
-                wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc(a + p * STAGE_BYTES + 32 * k), desc_b, p + k);
+                wgmma_m64n64k32_e4m3(part[q & 1], operand_desc(a + p * STAGE_BYTES + 32 * k), desc_b, p + k);
 #endif
               }
             wgmma_commit();
@@ -386,7 +397,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < BK / 32; ++k)
-              wgmma_m64n128k32_e4m3(acc[h], wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), 1);
+              wgmma_m64n128k32_e4m3(acc[h], operand_desc(a + 32 * k), operand_desc(b + h * HALF_N * BK + 32 * k), 1);
           }
           wgmma_commit();
           wgmma_wait<1>();  // the previous slice is done: free its stage
@@ -407,7 +418,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < BK / 32; ++k)
-              wgmma_m64n128k32_e4m3(part, wgmma_desc(a + 32 * k), wgmma_desc(b + h * HALF_N * BK + 32 * k), k);
+              wgmma_m64n128k32_e4m3(part, operand_desc(a + 32 * k), operand_desc(b + h * HALF_N * BK + 32 * k), k);
             wgmma_commit();
             wgmma_wait<0>();
 #pragma unroll

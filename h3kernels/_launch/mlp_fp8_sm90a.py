@@ -45,6 +45,11 @@ GEMM_THREADS = 384
 SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
 DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
 
+
+def smem_bytes(d):
+    """Dynamic shared memory of a GEMM CTA built with the constants d (defines())."""
+    return d["STAGES"] * (BM + BN) * d["BK"] + 1024
+
 SPLIT_PARAMS = ("i32", "i32", "u64", "u64")  # whole tiles, parts per later tile, partials, counters
 FC1_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i32",) + SPLIT_PARAMS  # map_a, map_w1, a_scale, w1_scale, y, M
 # map_y_q, map_w2, y_scale, w2_scale, gate, its stride and rows, adaln_index, residual, out, M
@@ -79,8 +84,8 @@ def kernels(device_id, variant=()):
         def load(name, params, smem=0):
             return compiler.load_kernel(ident, image, name, device_id, params, smem)
 
-        fc1 = load("h3_mlp_fc1_wgmma", FC1_PARAMS, SMEM_BYTES)
-        fc2 = load("h3_mlp_fc2_wgmma", FC2_PARAMS, SMEM_BYTES)
+        fc1 = load("h3_mlp_fc1_wgmma", FC1_PARAMS, smem_bytes(d))
+        fc2 = load("h3_mlp_fc2_wgmma", FC2_PARAMS, smem_bytes(d))
         quant = load("h3_mlp_y_quant", QUANT_PARAMS)
         cluster = d["CLUSTER_M"]
         slots = sm_count(device_id)
@@ -141,7 +146,7 @@ def split_plan(device_id, m, variant=()):
     plans, counters, partials = [], 0, 0
     for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
         groups = tile_groups(m, n_tiles, cluster)
-        whole, parts = work_split(groups, slots // cluster, k // BK)
+        whole, parts = work_split(groups, slots // cluster, k // dict(variant).get("BK", BK))
         units = whole + (groups - whole) * parts
         plans.append((cluster * min(units, slots // cluster), whole, parts))
         split = (groups - whole) * cluster
@@ -170,7 +175,8 @@ def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None)
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
     Arguments are addresses; split: the split workspace (split_plan), None for whole tiles."""
     fc1, _, _, _, cluster = kernels(call.device_id, variant)
-    maps = (tensor_map(a_q, m, HIDDEN, BM), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster))
+    bk = dict(variant).get("BK", BK)
+    maps = (tensor_map(a_q, m, HIDDEN, BM, bk), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster, bk))
     ctas, params = walk(call.device_id, m, 0, split, variant)
     fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, (*maps, a_scale, w1_scale, y, m, *params))
 
@@ -185,7 +191,8 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); split as in launch_fc1; the rest are addresses."""
     _, fc2, _, _, cluster = kernels(call.device_id, variant)
-    maps = (tensor_map(y_q, m, FFN, BM), tensor_map(w2_q, HIDDEN, FFN, BN // cluster))
+    bk = dict(variant).get("BK", BK)
+    maps = (tensor_map(y_q, m, FFN, BM, bk), tensor_map(w2_q, HIDDEN, FFN, BN // cluster, bk))
     ctas, params = walk(call.device_id, m, 1, split, variant)
     fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,

@@ -8,17 +8,20 @@ ROW_BYTES = 128  # a box row: one 128B-swizzled row (128 e4m3 values), what the 
 
 
 @functools.lru_cache(maxsize=512)
-def tensor_map(address, rows, pitch, box_rows):
+def tensor_map(address, rows, pitch, box_rows, row_bytes=ROW_BYTES):
     """The 128 bytes of a TMA map of an e4m3 matrix [rows, pitch] (row-major, pitch bytes per
-    row) at `address`: boxes of box_rows x 128 bytes, 128B swizzle, rows past the end read as
-    zeros. The bytes depend only on these arguments, so they are cached on them."""
+    row) at `address`: boxes of box_rows x row_bytes (128, or 64), swizzled over the box row
+    (128B or 64B swizzle), rows past the end read as zeros. The bytes depend only on these
+    arguments, so they are cached on them."""
     from cuda.bindings import driver as cu
 
+    swizzle = {128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+               64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}[row_bytes]
     err, tmap = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
         [cu.cuuint64_t(pitch), cu.cuuint64_t(rows)], [cu.cuuint64_t(pitch)],
-        [cu.cuuint32_t(ROW_BYTES), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        [cu.cuuint32_t(row_bytes), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != cu.CUresult.CUDA_SUCCESS:
