@@ -28,6 +28,9 @@ VARIANTS = {
     "ieee_silu": (("FAST_SILU", 0),),
     "prefetch": (("PREFETCH_EPI", 1),),
     "stages3": (("STAGES", 3),),
+    "l2_ahead4": (("L2_AHEAD", 4),),
+    "l2_ahead8": (("L2_AHEAD", 8),),
+    "l2_ahead16": (("L2_AHEAD", 16),),
     "bk64": (("BK", 64), ("PROMOTE_K", 64), ("STAGES", 9)),  # 24 KiB stages, 64 products per partial
     "no_promote": (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)),
     "epilogue_blocks4": (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4)),

@@ -54,7 +54,7 @@
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
     !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64) || \
-    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU) || !defined(PREFETCH_EPI)
+    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU) || !defined(PREFETCH_EPI) || !defined(L2_AHEAD)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || (BK != 128 && BK != 64)
@@ -228,6 +228,14 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
         m0 = m0 * CLUSTER_M + rank * BM;
 #pragma unroll 1
         for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
+#if L2_AHEAD
+          // the unit's slice L2_AHEAD further on, into L2 now: its first CTA to ask for it would
+          // otherwise wait for DRAM with the ring's few stages of lookahead
+          if (kb + L2_AHEAD < w.kb_end) {
+            if (m0 < M) tma_prefetch_l2_2d(map_a, (kb + L2_AHEAD) * BK, m0);
+            tma_prefetch_l2_2d(map_b, (kb + L2_AHEAD) * BK, n0);
+          }
+#endif
           mbar_wait(&empty[stage], phase ^ 1);
 #ifdef DBG_NO_TMA
           mbar_arrive(&full[stage]);

@@ -11,7 +11,7 @@ import pytest
 from h3kernels._launch import mlp_fp8_sm90a as hopper
 from h3kernels._runtime import compiler, launcher, targets
 from h3kernels.cli import compile_check
-from h3kernels.testing.checks import ACC_BOUND
+from h3kernels.testing.checks import check_mlp_y_wgmma
 
 
 def test_builds_for_sm90a_without_spills_or_serialized_wgmma(capsys):
@@ -164,57 +164,6 @@ def test_form_3_needs_sm90a(monkeypatch, arch):
         targets.mlp_mma_form(0, True)
 
 
-# ACC_BOUND: the bound on |sum - exact sum| per element, in units of sum |a_k w_k|, of an FP32
-# sum in any order. The wgmma family's measured error is 2.0e-5 at most (docs/hopper.md), inside it.
-HALF_ULP = 2.0 ** -8  # bf16 rounding, relative
-SILU_LIPSCHITZ = 1.1  # max |silu'| is 1.0998
-
-
-def y_error_bound(acc_bound, a_q, a_scale, w1_q, w1_scale):
-    """Per-element bound on |y - s u| (s = silu(h_gate), u = h_up, both from exact sums, logical
-    columns) when the sums are off by at most acc_bound * sum |a_k w_k| and each of y's four bf16
-    roundings is off by half an ulp. In absolute terms, so that it holds where y changes sign (an
-    ulp distance across zero spans the exponent range: test_mlp_fp8's ulp propagation assumes
-    errors far smaller than the wgmma family's)."""
-    import torch
-
-    from h3kernels import reference as R
-    from h3kernels.constants import FFN
-
-    order = R.minimax_h3_fc1_row_order(a_q.device)
-    f64 = torch.float64
-    scale = a_scale.to(f64)[:, None] * w1_scale.to(f64)[None, :]
-    h = torch.empty(a_q.shape[0], w1_q.shape[0], dtype=f64, device=a_q.device)
-    e = torch.empty_like(h)
-    h[:, order] = (a_q.to(f64) @ w1_q.to(f64).T) * scale
-    e[:, order] = acc_bound * (a_q.to(f64).abs() @ w1_q.to(f64).abs().T) * scale
-    g, u = h[:, :FFN], h[:, FFN:]
-    eg = e[:, :FFN] + HALF_ULP * (g.abs() + e[:, :FFN])
-    eu = e[:, FFN:] + HALF_ULP * (u.abs() + e[:, FFN:])
-    s = g * torch.sigmoid(g)
-    es = SILU_LIPSCHITZ * eg
-    es = es + HALF_ULP * (s.abs() + es)
-    return s * u, es * (u.abs() + eu) + s.abs() * eu + HALF_ULP * (s.abs() + es) * (u.abs() + eu)
-
-
-def assert_y_within_accumulation_bound(a_q, a_scale, w1_q, w1_scale, y):
-    """Every y element within the bound of y_error_bound(ACC_BOUND) from the exact s u, and the
-    reference within y_error_bound(0); returns the fraction more than 1 ulp from the reference
-    (reported, not bounded: about 3% for this family)."""
-    import torch
-
-    from h3kernels import reference as R
-    from h3kernels.testing.checks import bf16_ulps
-
-    exact, bound = y_error_bound(ACC_BOUND, a_q, a_scale, w1_q, w1_scale)
-    err = (y.to(torch.float64) - exact).abs()
-    bad = err > bound
-    assert not bad.any(), [(i, j, float(err[i, j]), float(bound[i, j])) for i, j in bad.nonzero()[:5].tolist()]
-    want = R.fc1_swiglu(a_q, a_scale, w1_q, w1_scale)
-    assert not ((want.to(torch.float64) - exact).abs() > y_error_bound(0.0, a_q, a_scale, w1_q, w1_scale)[1]).any()
-    return float((bf16_ulps(y, want) > 1).float().mean())
-
-
 def _hopper():
     import torch
 
@@ -252,7 +201,7 @@ def test_form_3_against_the_reference_and_form_0(m):
     y_q, y_s = R.quantize_rows(y)
     assert torch.equal(ws["workspace_y_q"].view(torch.uint8), y_q.view(torch.uint8))
     assert torch.equal(ws["workspace_y_scale"], y_s)
-    assert_y_within_accumulation_bound(ws["workspace_a_q"], ws["workspace_a_scale"], q1, s1, y)
+    check_mlp_y_wgmma(ws["workspace_a_q"], ws["workspace_a_scale"], q1, s1, y, f"M={m}")
     valid = R.index_guard(idx, gate.shape[0])[1]
     out = outs[3]
     assert torch.equal(out[~valid].view(torch.int16), residual[~valid].view(torch.int16))
