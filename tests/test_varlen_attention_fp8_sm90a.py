@@ -288,6 +288,28 @@ def test_varlen_sm90a_lse_with_out_aliasing_q(seed):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("fold_scale", [
+    0, pytest.param(1, marks=pytest.mark.xfail(strict=True, reason="FOLD_SCALE 1 leaves the maximum's score the "
+                                               "rounding error of its product: NaN rows where |S| is huge "
+                                               "(docs/hopper.md, 'What bounds the loop'); off by default"))])
+def test_varlen_sm90a_huge_scores_stay_finite(fold_scale, seed, monkeypatch):
+    """Queries scaled by 1e30: S stays finite in FP32 and P is one-hot per row."""
+    q, k, v, cu_dev, cu = make_attention_inputs([200, 150], 2, device="cuda", seed=seed)
+    q[200:] = (q[200:].float() * 1e30).bfloat16()
+    monkeypatch.setattr(hopper, "FOLD_SCALE", fold_scale)
+    compiler.clear_caches()  # the kernels of this build, not those of the default
+    try:
+        got = run3(q, k, v, cu_dev, cu)
+        torch.cuda.synchronize()
+    finally:
+        monkeypatch.undo()
+        compiler.clear_caches()
+    assert torch.isfinite(got.float()).all()
+    assert rel_l2(got, R.attention_fp8(q, k, v, cu)) <= 0.03
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
     q, k, v, cu_dev, cu = make_attention_inputs([200, 0, 130], 8, device="cuda", seed=seed)
     q[3] = 0  # s_q = 0 rows

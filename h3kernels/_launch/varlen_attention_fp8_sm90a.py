@@ -44,10 +44,13 @@ ONE_BLOCK_SYNC = 1  # 1: a segment of one 64-key block computes S with mma.sync 
 FOLD_256 = 1  # 1: P's 2^8 bias in ex2's argument (2^(S - (m - 8))) instead of a multiplication of
 # each probability: one instruction less per score, P from an argument within an FP32 rounding of
 # the unfolded one (so other bits than 0); 0 is measured in ACCUMULATION
-FOLD_SCALE = 1  # 1: each score's scaling to log2 units and its subtraction of the running max in
+FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of the running max in
 # one FFMA, the block maximum taken on the unscaled scores (one instruction less per score, one
-# rounding less: other bits than 0). Both 1: 0.91x / 0.90x the unfolded kernel's time at
-# 4 x 4096 / 1 x 16384 (H200, docs/hopper.md "What bounds the loop")
+# rounding less: other bits than 0). With FOLD_256: 0.91x / 0.90x the unfolded kernel's time at
+# 4 x 4096 / 1 x 16384 (H200, docs/hopper.md "What bounds the loop"), FOLD_256 alone 0.99x /
+# 0.98x. Off: the FFMA leaves the maximum's own score the rounding error of its product, which
+# is half an ulp of S, so scores beyond about 2^24 in log2 units (queries scaled by 1e30) give
+# 2^(huge) or 2^(-huge) for the maximum and NaN rows (docs/hopper.md)
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
