@@ -342,8 +342,18 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
   // values (write_rows takes l / 256).
   const float e0 = FOLD_256 ? m0 - 8.f : m0, e1 = FOLD_256 ? m1 - 8.f : m1;
   if (FOLD_SCALE) {
+    // The FFMA leaves the maximum's own argument the rounding error of its unrounded product,
+    // half an ulp of S: harmless below |m| = 2^12 (at most 2^-12 in log2 units), but 2^(+-huge)
+    // for huge scores (queries scaled by 1e30). FOLD_SCALE 2 takes the unfolded arithmetic
+    // (the rounded product, then the subtraction: 0 exactly for the maximum) in a warp with such
+    // a row, at one comparison per row and block elsewhere.
+    if (FOLD_SCALE == 2 && !__all_sync(0xffffffffu, fabsf(e0) < 4096.f && fabsf(e1) < 4096.f)) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
+      for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? __fmul_rn(s[i], cb1) - e1 : __fmul_rn(s[i], cb0) - e0;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
+    }
     mask(s);
   }
 #pragma unroll

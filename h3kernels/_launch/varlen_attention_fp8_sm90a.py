@@ -50,7 +50,8 @@ FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of t
 # 4 x 4096 / 1 x 16384 (H200, docs/hopper.md "What bounds the loop"), FOLD_256 alone 0.99x /
 # 0.98x. Off: the FFMA leaves the maximum's own score the rounding error of its product, which
 # is half an ulp of S, so scores beyond about 2^24 in log2 units (queries scaled by 1e30) give
-# 2^(huge) or 2^(-huge) for the maximum and NaN rows (docs/hopper.md)
+# 2^(huge) or 2^(-huge) for the maximum and NaN rows (docs/hopper.md). 2: the fold with a guard,
+# the unfolded arithmetic in a warp with a row maximum beyond 2^12 (builds clean; not yet run)
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
