@@ -65,8 +65,8 @@ MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent step
 VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
             (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)))
-ACCUMULATION = ((("FOLD_256", 0), ("FOLD_SCALE", 0)), (("O_IN_CORE", 1),), (("O_IN_CORE", 2),), (("ONE_BLOCK_SYNC", 0),),
-                (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
+ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 1),), (("FOLD_SCALE", 2),), (("O_IN_CORE", 1),),
+                (("O_IN_CORE", 2),), (("ONE_BLOCK_SYNC", 0),), (("S128", 0), ("S_SPLIT", 4)), (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
                 (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
 SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
