@@ -26,15 +26,11 @@ from bench_common import log
 VARIANTS = {
     "default": (),
     "ieee_silu": (("FAST_SILU", 0),),
-    "prefetch": (("PREFETCH_EPI", 1),),
     "stages3": (("STAGES", 3),),
     "a_regs1": (("A_REGS", 1),),
     "a_regs2": (("A_REGS", 2),),
     "promote256": (("PROMOTE_K", 256),),
     "a_regs1_promote256": (("A_REGS", 1), ("PROMOTE_K", 256)),
-    "l2_ahead4": (("L2_AHEAD", 4),),
-    "l2_ahead8": (("L2_AHEAD", 8),),
-    "l2_ahead16": (("L2_AHEAD", 16),),
     "bk64": (("BK", 64), ("PROMOTE_K", 64), ("STAGES", 9)),  # 24 KiB stages, 64 products per partial
     "no_promote": (("DBG_NO_PROMOTE", 1), ("PROMOTE_N64", 0)),
     "epilogue_blocks4": (("FC1_EPI_BLOCKS", 4), ("FC2_EPI_BLOCKS", 4)),

@@ -57,13 +57,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inne
       "l"((u64)map), "r"(inner), "r"(outer), "r"(smem_u32(bar))
       : "memory");
 }
-// The box of `map` at (inner, outer) into L2 only (no shared memory, no barrier): a later load of
-// it then waits out an L2 hit instead of a DRAM access.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const TmaMap* map, int inner, int outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)map), "r"(inner),
-               "r"(outer)
-               : "memory");
-}
 
 // --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
 template <int N>

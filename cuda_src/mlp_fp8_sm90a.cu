@@ -46,7 +46,6 @@
 //   DBG_NO_EPILOGUE  the epilogues skipped (but for an improbable value): what they cost in a tile
 //   DBG_CLUSTER_LOCAL  (with CLUSTER_M 2) each CTA loads all of B itself, no multicast: the pairs'
 //                   coupled barriers without the multicast
-//   PREFETCH_EPI    each unit's start prefetches its epilogue's operands (measured: no clear gain)
 #include "hopper_common.cuh"
 #include "mlp_fp8_common.cuh"
 
@@ -54,7 +53,7 @@
 #if !defined(BM) || !defined(BN) || !defined(BK) || !defined(STAGES) || !defined(GROUP_M) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(QUANT_THREADS) || !defined(HIDDEN) || \
     !defined(FFN) || !defined(FC1_OUT) || !defined(CLUSTER_M) || !defined(PROMOTE_N64) || \
-    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU) || !defined(PREFETCH_EPI) || !defined(L2_AHEAD)
+    !defined(PROMOTE_K) || !defined(A_REGS) || !defined(FAST_SILU)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 #if BM != 128 || BN != 256 || (BK != 128 && BK != 64)
@@ -181,9 +180,9 @@ __device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK&
 // same B columns: each loads its own A and half of the B slice, multicast to both, so a pair
 // reads B from L2 once. A stage of either CTA is then written by both producers, so its empty
 // barrier counts the consumer warps of both CTAs before either producer refills it.
-template <int K, class Prefetch, class Epilogue>
+template <int K, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
-                                           const SplitK& split, Prefetch prefetch, Epilogue epilogue) {
+                                           const SplitK& split, Epilogue epilogue) {
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
@@ -228,14 +227,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
         m0 = m0 * CLUSTER_M + rank * BM;
 #pragma unroll 1
         for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
-#if L2_AHEAD
-          // the unit's slice L2_AHEAD further on, into L2 now: its first CTA to ask for it would
-          // otherwise wait for DRAM with the ring's few stages of lookahead
-          if (kb + L2_AHEAD < w.kb_end) {
-            if (m0 < M) tma_prefetch_l2_2d(map_a, (kb + L2_AHEAD) * BK, m0);
-            tma_prefetch_l2_2d(map_b, (kb + L2_AHEAD) * BK, n0);
-          }
-#endif
           mbar_wait(&empty[stage], phase ^ 1);
 #ifdef DBG_NO_TMA
           mbar_arrive(&full[stage]);
@@ -304,9 +295,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       int m0, n0;
       tile_origin(w.tile, groups_m, n_tiles, m0, n0);
       m0 = m0 * CLUSTER_M + rank * BM;
-#if PREFETCH_EPI
-      prefetch(m0 + 64 * consumer, n0);  // the epilogue's operands come in while the K loop runs
-#endif
       float acc[2][64];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -472,13 +460,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 // 1e-36; infinities and NaN come out as in the IEEE form.
 __device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.f + __expf(-g)); }
 
-// PREFETCH_EPI: the prefetch.global hints an epilogue issues when its unit starts (L1 for the
-// column and row scales, which nothing else brings into L1 during the K loop; L2 for FC2's
-// residual rows), so that the epilogue's loads do not wait out L2 or DRAM latency while the
-// tensor cores idle.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
 // Thread t of a consumer warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per
 // half h and n8 block j, columns 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e].
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
@@ -487,13 +468,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                      int M, int split_whole, int split_parts, float* partials, int* counters) {
   // n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the prepacked
   // row order), so one thread holds both operands of each SwiGLU.
-  // 128-byte lines: BN column scales (8 lines), 64 row scales (2)
-  auto prefetch = [&](int r0, int n0) {
-    const int t = threadIdx.x & 127;
-    if (t < 8) prefetch_l1(w1_scale + n0 + 32 * t);
-    else if (t < 10 && r0 + 32 * (t - 8) < M) prefetch_l1(a_scale + r0 + 32 * (t - 8));
-  };
-  wgmma_gemm<HIDDEN>(&map_a, &map_w1, M, FC1_OUT / BN, SplitK{split_whole, split_parts, partials, counters}, prefetch, [&](const float (&acc)[2][64], int r0, int n0) {
+  wgmma_gemm<HIDDEN>(&map_a, &map_w1, M, FC1_OUT / BN, SplitK{split_whole, split_parts, partials, counters}, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
 #ifdef DBG_RAW_ACC  // the FP32 sums themselves, [M, FC1_OUT] floats at y, to measure their error
@@ -554,20 +529,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                      const u16* __restrict__ gate, i64 gate_stride, i64 gate_rows, const i64* __restrict__ adaln_index,
                      const u16* residual, u16* out, int M, int split_whole, int split_parts, float* partials,
                      int* counters) {
-  // L1: BN column scales (8 lines), 64 row scales (2), 64 adaln indices (4); L2: 64 residual rows
-  // of BN bf16 (4 lines each)
-  auto prefetch = [&](int r0, int n0) {
-    const int t = threadIdx.x & 127;
-    if (t < 8) prefetch_l1(w2_scale + n0 + 32 * t);
-    else if (t < 10 && r0 + 32 * (t - 8) < M) prefetch_l1(y_scale + r0 + 32 * (t - 8));
-    else if (t < 14 && r0 + 16 * (t - 10) < M) prefetch_l1(adaln_index + r0 + 16 * (t - 10));
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int line = t + 128 * i, row = r0 + line / 4;
-      if (row < M) prefetch_l2(residual + (i64)row * HIDDEN + n0 + 64 * (line % 4));
-    }
-  };
-  wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, SplitK{split_whole, split_parts, partials, counters}, prefetch, [&](const float (&acc)[2][64], int r0, int n0) {
+  wgmma_gemm<FFN>(&map_y_q, &map_w2, M, HIDDEN / BN, SplitK{split_whole, split_parts, partials, counters}, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // As in FC1, a group's loads (residual, gate, scales) all come before its arithmetic and

@@ -38,8 +38,6 @@ CONSUMER_REGS = 240  # registers of each wgmma warpgroup: 128 FP32 sums + 64 of 
 # overlap (16 spills 12 bytes in FC1, ptxas 13.0; 4 measured 1-2% slower: docs/hopper.md)
 FAST_SILU = 1  # FC1's SiLU from the special-function unit's exp and reciprocal (measured: docs/hopper.md)
 FC1_EPI_BLOCKS = 8
-PREFETCH_EPI = 0  # 1: each unit's start prefetches its epilogue's scales (L1) and FC2's residual (L2)
-L2_AHEAD = 0  # > 0: the producer prefetches the slice this many further on into L2 (TMA prefetch)
 FC2_EPI_BLOCKS = 8
 QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
 GEMM_THREADS = 384
@@ -65,7 +63,7 @@ def defines(arch=ARCH, form=FORM, **variant):
     d = dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M, CLUSTER_M=CLUSTER_M, PROMOTE_N64=PROMOTE_N64,
              PROMOTE_K=PROMOTE_K, A_REGS=A_REGS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, FC1_EPI_BLOCKS=FC1_EPI_BLOCKS, FC2_EPI_BLOCKS=FC2_EPI_BLOCKS,
-             FAST_SILU=FAST_SILU, PREFETCH_EPI=PREFETCH_EPI, L2_AHEAD=L2_AHEAD,
+             FAST_SILU=FAST_SILU,
              QUANT_THREADS=QUANT_THREADS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT)
     d.update(variant)
     return d
