@@ -300,8 +300,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
-#pragma unroll 1
       int kb0 = kb_begin;  // every unit has at least one step
+#pragma unroll 1
       do {
 #pragma unroll
         for (int u = 0; u < A_SETS; ++u) {  // A_REGS 2: slices alternate between two sets of A registers

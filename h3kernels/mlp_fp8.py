@@ -86,7 +86,9 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
                       workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
     """The fused W8A8 MLP block of MiniMax-H3 (docs/spec.md): returns out, bf16 [M, 5376], of the
-    caller's kind. Three launches and one memset on the caller's current stream, no host sync.
+    caller's kind. On the caller's current stream, no host sync: three launches and a memset
+    (fp8_mma_form 0 and 2), or four launches and, where a GEMM's last wave is split over K, a
+    memset of its counters (form 3).
     Workspaces, when given, receive a_q, a_scale, y, y_q and y_scale (h3kernels.reference
     fills the same ones); out may be residual or x."""
     inputs = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
@@ -105,18 +107,20 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     wgmma = form == mlp_fp8_sm90a.FORM
     counter_bytes, split_bytes = mlp_fp8_sm90a.split_plan(call.device_id, m)[2:] if wgmma else (0, 0)
     # the buffers between the launches: the caller's workspaces, else one scratch allocation
-    offsets, total = launch.scratch_layout(m, split_bytes)
-    base = None
-    ptr = {}
-    for name, argument in _WORKSPACES + (("split", None),):
-        p = address.get(argument) if argument else (None if split_bytes else 0)
-        if p is None:
-            if base is None:
-                scratch = call.empty((total,), arrays.E4M3)  # held until the launches are queued
-                base = arrays.data_ptr(scratch)
-            p = base + offsets[name]
-        ptr[name] = p
-    split = ptr["split"] or None
+    # (held until the launches are queued), or the split workspace alone where the caller gave
+    # every other one
+    ptr = {name: address.get(argument) for name, argument in _WORKSPACES}
+    need = [name for name, p in ptr.items() if p is None] + (["split"] if split_bytes else [])
+    if need == ["split"]:
+        scratch = call.empty((split_bytes,), arrays.E4M3)
+        ptr["split"] = arrays.data_ptr(scratch)
+    elif need:
+        offsets, total = launch.scratch_layout(m, split_bytes)
+        scratch = call.empty((total,), arrays.E4M3)
+        base = arrays.data_ptr(scratch)
+        for name in need:
+            ptr[name] = base + offsets[name]
+    split = ptr.get("split")
     if out is None:
         out = call.empty((m, HIDDEN), arrays.BF16)
         out_ptr = arrays.data_ptr(out)

@@ -11,6 +11,7 @@ import pytest
 from h3kernels._launch import mlp_fp8_sm90a as hopper
 from h3kernels._runtime import compiler, launcher, targets
 from h3kernels.cli import compile_check
+from h3kernels.constants import FFN, HIDDEN
 from h3kernels.testing.checks import check_mlp_y_wgmma
 
 
@@ -108,8 +109,14 @@ def test_map_parameters_sit_where_the_entry_expects_them():
     assert quant._kernel_params == 0 and launcher.pack_format(hopper.QUANT_PARAMS) == "<QQQ"
 
 
-def fake_kernels(monkeypatch, sms, cluster):
-    monkeypatch.setattr(hopper, "kernels", lambda device_id, variant=(): (None, None, None, sms, cluster))
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """fake_kernels(sms, cluster): the launch layer sees a device of `sms` SMs and clusters of
+    `cluster` CTAs without building anything; the plans made from it leave with the test."""
+    def fake(sms, cluster):
+        monkeypatch.setattr(hopper, "kernels", lambda device_id, variant=(): (None, None, None, sms, cluster))
+        hopper.split_plan.cache_clear()
+    yield fake
     hopper.split_plan.cache_clear()
 
 
@@ -119,9 +126,9 @@ def fake_kernels(monkeypatch, sms, cluster):
     (1, 0, 132, 2, 132, (112, 1, 0, 0)),  # one pair of m-tiles x 112 columns
     (129, 1, 132, 2, 42, (21, 1, 0, 0)),
     (16384, 1, 131, 2, 130, (1344, 1, 0, 0))])
-def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles(monkeypatch, m, gemm, sms, cluster, ctas,
+def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles(fake_kernels, m, gemm, sms, cluster, ctas,
                                                                           params):
-    fake_kernels(monkeypatch, sms, cluster)
+    fake_kernels(sms, cluster)
     assert hopper.walk(0, m, gemm, None) == (ctas, params)
 
 
@@ -136,8 +143,23 @@ def test_work_split_spreads_the_last_wave_over_every_slot(groups, slots, slices,
     assert (groups - whole) * parts <= slots and slices // parts >= hopper.MIN_PART_SLICES
 
 
-def test_split_plan_sizes_its_workspace_for_the_larger_gemm(monkeypatch):
-    fake_kernels(monkeypatch, 132, 1)
+@pytest.mark.parametrize("variant", [(), (("A_REGS", 2),), (("PROMOTE_K", 256),), (("BK", 64), ("PROMOTE_K", 64))])
+def test_every_part_gets_a_step_of_the_k_loop(variant):
+    """work_unit (cuda_src/mlp_fp8_sm90a.cu) cuts a split tile's K at multiples of the loop's step:
+    with the plan's parts, no part may come out empty (its consumers would wait forever)."""
+    d = hopper.defines(**dict(variant))
+    step = hopper.loop_step(d)
+    for k in (HIDDEN, FFN):
+        slices = k // d["BK"]
+        for r in range(1, 133):
+            whole, parts = hopper.work_split(r, 132, slices, step)
+            steps = slices // step
+            ranges = [(step * (p * steps // parts), step * ((p + 1) * steps // parts)) for p in range(parts)]
+            assert all(b > a for a, b in ranges) and ranges[-1][1] == slices, (variant, k, r, parts)
+
+
+def test_split_plan_sizes_its_workspace_for_the_larger_gemm(fake_kernels):
+    fake_kernels(132, 1)
     fc1, fc2, counter_bytes, total = hopper.split_plan(0, 4096)
     assert fc1 == (132, 3564, 6) and fc2 == (132, 660, 11)
     assert counter_bytes == 256 and total == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 tiles x 11 parts

@@ -41,13 +41,16 @@ FC1_EPI_BLOCKS = 8
 FC2_EPI_BLOCKS = 8
 QUANT_THREADS = 256  # y quantization: threads per row (7 16-byte vectors each)
 GEMM_THREADS = 384
-SMEM_BYTES = STAGES * (BM + BN) * BK + 1024  # the ring, plus room to align it to 1024 bytes
-DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
 
 
 def smem_bytes(d):
-    """Dynamic shared memory of a GEMM CTA built with the constants d (defines())."""
+    """Dynamic shared memory of a GEMM CTA built with the constants d (defines()): the ring, plus
+    room to align it to 1024 bytes."""
     return d["STAGES"] * (BM + BN) * d["BK"] + 1024
+
+
+SMEM_BYTES = smem_bytes(dict(STAGES=STAGES, BK=BK))  # the default build's
+DYNAMIC_SMEM = {"h3_mlp_fc1_wgmma": SMEM_BYTES, "h3_mlp_fc2_wgmma": SMEM_BYTES}
 
 SPLIT_PARAMS = ("i32", "i32", "u64", "u64")  # whole tiles, parts per later tile, partials, counters
 FC1_PARAMS = ("map",) * 2 + ("u64",) * 3 + ("i32",) + SPLIT_PARAMS  # map_a, map_w1, a_scale, w1_scale, y, M
@@ -119,15 +122,28 @@ def tile_groups(m, n_tiles, cluster):
     return -(-(-(-m // BM)) // cluster) * n_tiles
 
 
-def work_split(groups, slots, slices):
+def work_split(groups, slots, slices, step=1):
     """(whole, parts): the persistent walk's work units (cuda_src/mlp_fp8_sm90a.cu, wgmma_gemm).
     With `slots` CTA groups resident, `groups` tiles run in ceil(groups / slots) waves, the last
     with r = groups % slots tiles while the other slots idle: those r tiles are split into
     parts = slots // r ranges of their `slices` K slices, so the last wave is about parts times
-    shorter. No split where the last wave is full or a part would fall under MIN_PART_SLICES."""
+    shorter. No split where r is 0 or above slots / 2, or where a part would fall under
+    MIN_PART_SLICES. Part boundaries fall on multiples of `step` slices (the kernel's K loop
+    step), and every part gets at least one step: an empty part would wait for a slice that is
+    never loaded."""
     r = groups % slots
-    parts = min(slots // r, slices // MIN_PART_SLICES) if r else 1
+    parts = min(slots // r, slices // MIN_PART_SLICES, slices // step) if r else 1
     return (groups - r, parts) if parts > 1 else (groups, 1)
+
+
+def loop_step(d):
+    """K slices per step of the kernel's K loop with the constants d (its UNIT_SLICES)."""
+    return (d["PROMOTE_K"] // d["BK"] if d["PROMOTE_N64"] else 1) * (2 if d["A_REGS"] == 2 else 1)
+
+
+def slice_bytes(variant):
+    """BK of a build: the bytes of K per ring stage and TMA box row."""
+    return dict(variant).get("BK", BK)
 
 
 COUNTER_BYTES = 4
@@ -142,10 +158,11 @@ def split_plan(device_id, m, variant=()):
     counter bytes must be zero before the first launch that uses it; every launch leaves them
     zero."""
     *_, slots, cluster = kernels(device_id, variant)
+    d = defines(**dict(variant))
     plans, counters, partials = [], 0, 0
     for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
         groups = tile_groups(m, n_tiles, cluster)
-        whole, parts = work_split(groups, slots // cluster, k // dict(variant).get("BK", BK))
+        whole, parts = work_split(groups, slots // cluster, k // d["BK"], loop_step(d))
         units = whole + (groups - whole) * parts
         plans.append((cluster * min(units, slots // cluster), whole, parts))
         split = (groups - whole) * cluster
@@ -174,7 +191,7 @@ def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None)
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
     Arguments are addresses; split: the split workspace (split_plan), None for whole tiles."""
     fc1, _, _, _, cluster = kernels(call.device_id, variant)
-    bk = dict(variant).get("BK", BK)
+    bk = slice_bytes(variant)
     maps = (tensor_map(a_q, m, HIDDEN, BM, bk), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster, bk))
     ctas, params = walk(call.device_id, m, 0, split, variant)
     fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, (*maps, a_scale, w1_scale, y, m, *params))
@@ -190,7 +207,7 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); split as in launch_fc1; the rest are addresses."""
     _, fc2, _, _, cluster = kernels(call.device_id, variant)
-    bk = dict(variant).get("BK", BK)
+    bk = slice_bytes(variant)
     maps = (tensor_map(y_q, m, FFN, BM, bk), tensor_map(w2_q, HIDDEN, FFN, BN // cluster, bk))
     ctas, params = walk(call.device_id, m, 1, split, variant)
     fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
