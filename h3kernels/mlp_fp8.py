@@ -110,16 +110,12 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     # (held until the launches are queued), or the split workspace alone where the caller gave
     # every other one
     ptr = {name: address.get(argument) for name, argument in _WORKSPACES}
-    need = [name for name, p in ptr.items() if p is None] + (["split"] if split_bytes else [])
-    if need == ["split"]:
-        scratch = call.empty((split_bytes,), arrays.E4M3)
-        ptr["split"] = arrays.data_ptr(scratch)
-    elif need:
-        offsets, total = launch.scratch_layout(m, split_bytes)
-        scratch = call.empty((total,), arrays.E4M3)
+    size, at = launch.scratch_plan(m, tuple(name for name, p in ptr.items() if p is None), split_bytes)
+    if size:
+        scratch = call.empty((size,), arrays.E4M3)
         base = arrays.data_ptr(scratch)
-        for name in need:
-            ptr[name] = base + offsets[name]
+        for name, offset in at.items():
+            ptr[name] = base + offset
     split = ptr.get("split")
     if out is None:
         out = call.empty((m, HIDDEN), arrays.BF16)

@@ -73,6 +73,21 @@ def scratch_layout(m, split_bytes=0):
     return offsets, off
 
 
+@functools.lru_cache(maxsize=64)
+def scratch_plan(m, missing, split_bytes=0):
+    """(bytes, {name: byte offset}) of the one scratch allocation a call makes for the buffers
+    named in `missing` (those the caller gave no workspace for) and form 3's split workspace of
+    split_bytes: (0, {}) when there is none to make; the split workspace alone at offset 0 where
+    it is all that is missing, else scratch_layout's offsets. (Cached: read the dict only.)"""
+    need = tuple(missing) + (("split",) if split_bytes else ())
+    if not need:
+        return 0, {}
+    if need == ("split",):
+        return split_bytes, {"split": 0}
+    offsets, total = scratch_layout(m, split_bytes)
+    return total, {name: offsets[name] for name in need}
+
+
 def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
     """The row kernel's flattened parameters: x, x_norm_weight, a_q as quad views, the AdaLN
     tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
