@@ -45,10 +45,7 @@ from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.testing.timing import median_ms, mlp_flops
 
-if os.environ.get("H3_HOPPER_CLUSTER_M"):  # a fallback default build for this run
-    hopper.CLUSTER_M = int(os.environ["H3_HOPPER_CLUSTER_M"])
-if os.environ.get("H3_HOPPER_PROMOTE_N64"):
-    hopper.PROMOTE_N64 = int(os.environ["H3_HOPPER_PROMOTE_N64"])
+hopper.set_constants(os.environ.get("H3KERNELS_MLP_SM90A_DEFINES", ""))  # another default build for this run
 OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 _log = open(os.path.join(OUT, "hopper_mlp.log"), "a")

@@ -68,18 +68,20 @@ def operands(m):
 
 
 def gemms(call, m, o, variant, split=True):
-    """FC1 and FC2 launches; split: the last wave's tiles split over K as the operator does."""
+    """FC1 and FC2 launches; split: the last wave's tiles split over K as the operator does
+    (a zeroed workspace made once here, which every launch leaves zeroed), else every tile whole."""
     p = arrays.data_ptr
     ws = None
-    if split:
-        counter_bytes, total = hopper.split_plan(call.device_id, m, variant)[2:]
-        if total:
-            o["split"] = torch.zeros(total, dtype=torch.uint8, device="cuda")
-            ws = p(o["split"])
+    size = hopper.plan(call.device_id, m, variant).workspace_bytes
+    if split and size:
+        o["split"] = torch.zeros(size, dtype=torch.uint8, device="cuda")
+        ws = p(o["split"])
+    whole = not split
     fc1 = lambda: hopper.launch_fc1(call, m, p(o["a_q"]), p(o["a_s"]), p(o["w1"]), p(o["s1"]), p(o["y"]), variant,  # noqa
-                                    split=ws)
+                                    split=ws, whole_tiles=whole)
     fc2 = lambda: hopper.launch_fc2_gemm(call, m, p(o["y_q"]), p(o["y_s"]), p(o["w2"]), p(o["s2"]), o["gate"],  # noqa
-                                         p(o["idx"]), p(o["residual"]), p(o["out"]), variant, split=ws)
+                                         p(o["idx"]), p(o["residual"]), p(o["out"]), variant, split=ws,
+                                         whole_tiles=whole)
     return fc1, fc2
 
 

@@ -63,13 +63,7 @@
 #error "A_REGS reads 128-byte rows"
 #endif
 // a K-major operand tile in shared memory: rows of BK bytes, swizzled over the whole row
-__device__ __forceinline__ u64 operand_desc(u32 addr) {
-#if BK == 128
-  return wgmma_desc(addr);
-#else
-  return wgmma_desc_64b(addr);
-#endif
-}
+__device__ __forceinline__ u64 operand_desc(u32 addr) { return wgmma_desc<BK>(addr); }
 #if HIDDEN % BK != 0 || FFN % BK != 0 || FC1_OUT % BN != 0 || HIDDEN % BN != 0 || FFN % (8 * QUANT_THREADS) != 0
 #error "the sizes must be whole numbers of tiles"
 #endif
@@ -109,12 +103,18 @@ struct WorkUnit {
 };
 
 // Part boundaries fall on the K loop's step (a partial's slices, both A register sets).
+// Boundaries fall on multiples of 256 bytes of K as well, in every build, so that builds of the
+// same sums split a tile into the same K ranges and keep giving the same bits.
 #define UNIT_SLICES (KB_STEP * A_SETS)
+#define PART_SLICES (256 / BK > UNIT_SLICES ? 256 / BK : UNIT_SLICES)
+#if PART_SLICES % UNIT_SLICES != 0 || HIDDEN % (PART_SLICES * BK) != 0 || FFN % (PART_SLICES * BK) != 0
+#error "split parts are whole steps of the K loop and divide both K"
+#endif
 __device__ __forceinline__ WorkUnit work_unit(int u, const SplitK& split, int slices) {
   if (u < split.whole) return {u, -1, 0, slices};
-  const int v = u - split.whole, part = v % split.parts, steps = slices / UNIT_SLICES;
-  return {split.whole + v / split.parts, part, UNIT_SLICES * (part * steps / split.parts),
-          UNIT_SLICES * ((part + 1) * steps / split.parts)};
+  const int v = u - split.whole, part = v % split.parts, steps = slices / PART_SLICES;
+  return {split.whole + v / split.parts, part, PART_SLICES * (part * steps / split.parts),
+          PART_SLICES * ((part + 1) * steps / split.parts)};
 }
 
 // One part of a split tile is done in acc (this consumer warpgroup's 64 rows): store its sums

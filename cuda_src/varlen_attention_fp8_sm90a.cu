@@ -54,7 +54,7 @@
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
-    !defined(FOLD_256) || !defined(FOLD_SCALE)
+    !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -88,9 +88,6 @@
 // (O scaled by alpha in registers first) instead of into a zeroed partial added in FP32, so that
 // a segment's whole P V chain meets inside the tensor core; 64 registers fewer. 2: the same, a
 // warp skipping the scaling where every alpha is 1.
-#ifndef O_IN_CORE
-#define O_IN_CORE 0
-#endif
 // S128 1 or 2: S of a whole 128-key stage in one wgmma group (m64n128k32, 4 k32 steps), its
 // two 64-key halves then taken in order with the arithmetic above, and the stage's wgmmas
 // software-pipelined (two orders: see the S128 loops). 0: one 64-key block at a time.

@@ -10,14 +10,11 @@
 // written once with a fixed pattern of finite values: zeros could let the hardware skip work.
 #include "hopper_common.cuh"
 
-#ifndef WGMMA_N
-#define WGMMA_N 256  // 64, 128 (measurement builds) or 256 (the ceiling)
+#if !defined(WGMMA_N) || !defined(WARPGROUPS) || !defined(K_STEPS)
+#error "wgmma_ceiling.cu is built with -DWARPGROUPS, -DK_STEPS and -DWGMMA_N (h3kernels/_launch/wgmma_ceiling.py)"
 #endif
 #if WGMMA_N != 64 && WGMMA_N != 128 && WGMMA_N != 256
 #error "WGMMA_N is 64, 128 or 256"
-#endif
-#ifndef WARPGROUPS
-#error "wgmma_ceiling.cu is built with -DWARPGROUPS and -DK_STEPS (h3kernels/_launch/wgmma_ceiling.py)"
 #endif
 
 #define THREADS (128 * WARPGROUPS)

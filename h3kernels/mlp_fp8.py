@@ -103,14 +103,15 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     m = x.shape[0]
     address = {name: f[3] for name, f in facts.items()}  # read once, by the checks
 
-    # form 3's split workspace: the last wave's tiles split over K (mlp_fp8_sm90a.split_plan)
+    # form 3's split workspace: the last wave's tiles split over K (mlp_fp8_sm90a.plan); it
+    # has no flags
     wgmma = form == mlp_fp8_sm90a.FORM
-    counter_bytes, split_bytes = mlp_fp8_sm90a.split_plan(call.device_id, m)[2:] if wgmma else (0, 0)
-    # the buffers between the launches: the caller's workspaces, else one scratch allocation
-    # (held until the launches are queued), or the split workspace alone where the caller gave
-    # every other one
+    plan = mlp_fp8_sm90a.plan(call.device_id, m) if wgmma else None
+    # the buffers between the launches: the caller's workspaces, else one scratch allocation,
+    # held until the launches are queued
     ptr = {name: address.get(argument) for name, argument in _WORKSPACES}
-    size, at = launch.scratch_plan(m, tuple(name for name, p in ptr.items() if p is None), split_bytes)
+    missing = tuple(name for name, p in ptr.items() if p is None and not (wgmma and name == "flags"))
+    size, at = launch.scratch_layout(m, missing, plan.workspace_bytes if wgmma else 0)
     if size:
         scratch = call.empty((size,), arrays.E4M3)
         base = arrays.data_ptr(scratch)
@@ -131,7 +132,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
         if not wgmma:
             launch.zero_flags(call, m, ptr["flags"])
         elif split:
-            launch.zero_bytes(call, split, counter_bytes)
+            call.zero(split, plan.counter_bytes)
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
                           address["fc1_weight_scale"], ptr["y"], split)
         launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], address["fc2_weight_q"],

@@ -92,18 +92,18 @@ def test_partial_launches_fill_every_kernels_parameters(fake_kernels, tokens_q, 
         struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
 
 
-def test_scratch_plan_allocates_only_what_the_caller_left_out():
+def test_scratch_layout_holds_only_what_the_caller_left_out():
     names = ("a_q", "a_scale", "y", "y_q", "y_scale", "flags")
-    offsets, total = launch_mlp.scratch_layout(300, 4096)
-    assert launch_mlp.scratch_plan(300, (), 0) == (0, {})  # every workspace given, no split
-    assert launch_mlp.scratch_plan(300, (), 4096) == (4096, {"split": 0})  # the split workspace alone
-    size, at = launch_mlp.scratch_plan(300, ("y", "flags"), 4096)
-    assert size == total and at == {"y": offsets["y"], "flags": offsets["flags"], "split": offsets["split"]}
-    size, at = launch_mlp.scratch_plan(300, names, 0)
-    assert set(at) == set(names) and size == launch_mlp.scratch_layout(300, 0)[1]
-    spans = ((at["a_q"], 300 * 5376), (at["y"], 2 * 300 * 14336), (at["y_q"], 300 * 14336))
-    ends = sorted((o, o + n) for o, n in spans)
-    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])) and all(o % 256 == 0 for o in at.values())
+    assert launch_mlp.scratch_layout(300, (), 0) == (0, {})  # every workspace given, no split
+    assert launch_mlp.scratch_layout(300, (), 4096) == (4096, {"split": 0})  # the split workspace alone
+    size, at = launch_mlp.scratch_layout(300, ("y", "flags"), 4096)
+    assert at == {"y": 0, "flags": 2 * 300 * 14336, "split": 2 * 300 * 14336 + 256}  # 43 flags: 256 bytes
+    assert size == at["split"] + 4096
+    size, at = launch_mlp.scratch_layout(300, names, 0)
+    assert set(at) == set(names) and all(o % 256 == 0 for o in at.values())
+    spans = sorted((at[n], at[n] + b) for n, b in (("a_q", 300 * 5376), ("a_scale", 1200), ("y", 2 * 300 * 14336),
+                                                   ("y_q", 300 * 14336), ("y_scale", 1200), ("flags", 4 * 43)))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and size >= spans[-1][1]
 
 
 def test_flattened_arrays_are_numbas_fields():

@@ -9,6 +9,7 @@ import torch
 import h3kernels
 from h3kernels import reference as R
 from h3kernels._launch import mlp_fp8 as L
+from h3kernels._runtime import targets
 from h3kernels.testing.checks import (ACC_BOUND, accumulation_bound, check_mlp_out, check_mlp_stages, check_mlp_y,
                                       same_bits)
 from h3kernels.testing.inputs import make_mlp_inputs, mlp_arguments
@@ -149,7 +150,8 @@ def test_mlp_matches_reference(m, rows, out_mode, caller_ws, form, weights, seed
         assert same_bits(out, out2)
     check_mlp_stages(ref_inp, weights, out, ws, f"M={m} rows={rows} out={out_mode} caller_ws={caller_ws} form={form}",
                      report_exact=m in (129, 4096), form=form)
-    if form != 3:  # the mma.sync FC2's producers hand out row groups through the flags
+    if targets.mlp_mma_form(out.device.index, form) != targets.WGMMA_FORM:  # the mma.sync FC2's producers
+        # hand out row groups through the flags
         assert int(ws["workspace_flags"][0]) >= -(-m // 16)  # every row group was claimed
 
 

@@ -115,21 +115,40 @@ def fake_kernels(monkeypatch):
     `cluster` CTAs without building anything; the plans made from it leave with the test."""
     def fake(sms, cluster):
         monkeypatch.setattr(hopper, "kernels", lambda device_id, variant=(): (None, None, None, sms, cluster))
-        hopper.split_plan.cache_clear()
+        hopper._plans.clear()
     yield fake
-    hopper.split_plan.cache_clear()
+    hopper._plans.clear()
+
+
+class FakeCall:
+    """What walk() asks of an arrays.Call: its device, and the workspace it allocates and zeroes."""
+    device_id = 0
+
+    def __init__(self):
+        self.done = []
+
+    class Array:
+        def data_ptr(self):
+            return 1 << 24
+
+    def empty(self, shape, dtype):
+        self.done.append(("empty", shape, dtype))
+        return self.Array()
+
+    def zero(self, address, count):
+        self.done.append(("zero", count))
 
 
 @pytest.mark.parametrize("m,gemm,sms,cluster,ctas,params", [
     (16384, 0, 132, 1, 132, (14336, 1, 0, 0)),  # 108.6 waves: the last too full to split
-    (1, 1, 132, 1, 21, (21, 1, 0, 0)),  # no workspace given: whole tiles, one CTA each
+    (1, 1, 132, 1, 21, (21, 1, 0, 0)),  # one CTA per tile
     (1, 0, 132, 2, 132, (112, 1, 0, 0)),  # one pair of m-tiles x 112 columns
     (129, 1, 132, 2, 42, (21, 1, 0, 0)),
     (16384, 1, 131, 2, 130, (1344, 1, 0, 0))])
-def test_persistent_grid_is_whole_clusters_and_never_more_than_the_tiles(fake_kernels, m, gemm, sms, cluster, ctas,
-                                                                          params):
+def test_persistent_grid_of_whole_tiles_is_whole_clusters_and_never_more_than_the_tiles(fake_kernels, m, gemm, sms,
+                                                                                        cluster, ctas, params):
     fake_kernels(sms, cluster)
-    assert hopper.walk(0, m, gemm, None) == (ctas, params)
+    assert hopper.walk(FakeCall(), m, gemm, (), 1 << 20, True) == (ctas, params, None)
 
 
 @pytest.mark.parametrize("groups,slots,slices,want", [
@@ -148,7 +167,7 @@ def test_every_part_gets_a_step_of_the_k_loop(variant):
     """work_unit (cuda_src/mlp_fp8_sm90a.cu) cuts a split tile's K at multiples of the loop's step:
     with the plan's parts, no part may come out empty (its consumers would wait forever)."""
     d = hopper.defines(**dict(variant))
-    step = hopper.loop_step(d)
+    step = hopper.part_slices(d)
     for k in (HIDDEN, FFN):
         slices = k // d["BK"]
         for r in range(1, 133):
@@ -158,15 +177,27 @@ def test_every_part_gets_a_step_of_the_k_loop(variant):
             assert all(b > a for a, b in ranges) and ranges[-1][1] == slices, (variant, k, r, parts)
 
 
-def test_split_plan_sizes_its_workspace_for_the_larger_gemm(fake_kernels):
+def test_plan_sizes_its_workspace_for_the_larger_gemm(fake_kernels):
     fake_kernels(132, 1)
-    fc1, fc2, counter_bytes, total = hopper.split_plan(0, 4096)
-    assert fc1 == (132, 3564, 6) and fc2 == (132, 660, 11)
-    assert counter_bytes == 256 and total == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 tiles x 11 parts
-    ctas, params = hopper.walk(0, 4096, 1, 1 << 20)
-    assert ctas == 132 and params == (660, 11, (1 << 20) + 256, 1 << 20)
-    assert hopper.split_plan(0, 132 * hopper.BM)[2:] == (0, 0)  # both GEMMs' waves full: no workspace
-    assert hopper.walk(0, 132 * hopper.BM, 1, 1 << 20) == (132, (132 * 21, 1, 0, 0))
+    p = hopper.plan(0, 4096)
+    assert p.split == ((132, 3564, 6), (132, 660, 11)) and p.whole == ((132, 3584, 1), (132, 672, 1))
+    assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 x 11
+    assert hopper.walk(FakeCall(), 4096, 1, (), 1 << 20, False) == (132, (660, 11, (1 << 20) + 256, 1 << 20), None)
+    full = hopper.plan(0, 132 * hopper.BM)  # both GEMMs' waves full: no split, no workspace
+    assert full.workspace_bytes == 0 and full.split == full.whole
+    call = FakeCall()
+    assert hopper.walk(call, 132 * hopper.BM, 1, (), None, False) == (132, (132 * 21, 1, 0, 0), None)
+    assert call.done == []
+
+
+def test_a_launch_without_a_workspace_zeroes_one_of_its_own(fake_kernels):
+    fake_kernels(132, 1)
+    call = FakeCall()
+    ctas, params, held = hopper.walk(call, 1, 1, (), None, False)
+    p = hopper.plan(0, 1)
+    assert (ctas, params[:2]) == (126, (0, 6)) and held is not None
+    assert call.done == [("empty", (p.workspace_bytes,), "float8_e4m3fn"), ("zero", p.counter_bytes)]
+    assert params[3] == held.data_ptr() and params[2] == params[3] + p.counter_bytes
 
 
 @pytest.mark.parametrize("arch,requested,want", [("sm_90", -1, 0), ("sm_90", 3, 3), ("sm_90", 0, 0),
@@ -186,17 +217,10 @@ def test_form_3_needs_sm90a(monkeypatch, arch):
         targets.mlp_mma_form(0, True)
 
 
-def _hopper():
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 129, 3000])  # on 132 SMs: FC2 split 6 and 3 ways at 1 and 129, FC1 2 ways at 3000
-def test_form_3_against_the_reference_and_form_0(m):
-    if not _hopper():
-        pytest.skip("needs compute capability 9.0")
+def test_form_3_against_the_reference_and_form_0(m, require_mlp_form):
+    require_mlp_form(3)
     import torch
 
     import h3kernels
@@ -237,9 +261,8 @@ def test_form_3_against_the_reference_and_form_0(m):
 @pytest.mark.xfail(strict=True, reason="the contract asks 99.9% of y within 1 bf16 ulp of the reference; the "
                    "FP8 tensor cores add each k32 step's products with fewer bits than FP32, which leaves about 3% "
                    "of y over 1 ulp (docs/hopper.md), so fp8_mma_form=3 is opt-in")
-def test_form_3_keeps_99p9_percent_of_y_within_1_ulp():
-    if not _hopper():
-        pytest.skip("needs compute capability 9.0")
+def test_form_3_keeps_99p9_percent_of_y_within_1_ulp(require_mlp_form):
+    require_mlp_form(3)
     import torch
 
     import h3kernels

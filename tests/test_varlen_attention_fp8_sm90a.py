@@ -159,6 +159,14 @@ def test_varlen_form_3_elsewhere_is_a_value_error(monkeypatch, arch):
 
 # --- results (compute capability 9.0) ------------------------------------------------------------
 
+def use_build(monkeypatch, variant):
+    """Form 3's launches through the build `variant` (its kernels cached per variant) in place of
+    the default, for the rest of the test."""
+    original = hopper.launch
+    monkeypatch.setattr(hopper, "launch", lambda call, n_tiles, maps, values, variant_=(): original(
+        call, n_tiles, maps, values, variant))
+
+
 def run3(q, k, v, cu_dev, cu, **kw):
     """Form 3 into a NaN-poisoned out."""
     out = poisoned_like(q)
@@ -242,9 +250,7 @@ def test_varlen_sm90a_schedules_give_the_default_bits(variant, monkeypatch, seed
     segments (1, 64) and an empty one."""
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 300, 1], 8, device="cuda", seed=seed)
     want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-    original = hopper.launch
-    monkeypatch.setattr(hopper, "launch", lambda call, n_tiles, maps, values, variant_=(): original(
-        call, n_tiles, maps, values, variant))
+    use_build(monkeypatch, variant)
     got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     torch.cuda.synchronize()
     assert torch.isfinite(want.float()).all()
@@ -297,14 +303,9 @@ def test_varlen_sm90a_huge_scores_stay_finite(fold_scale, seed, monkeypatch):
     fold with its guard (the unfolded arithmetic in a warp whose row maximum passes 2^12)."""
     q, k, v, cu_dev, cu = make_attention_inputs([200, 150], 2, device="cuda", seed=seed)
     q[200:] = (q[200:].float() * 1e30).bfloat16()
-    monkeypatch.setattr(hopper, "FOLD_SCALE", fold_scale)
-    compiler.clear_caches()  # the kernels of this build, not those of the default
-    try:
-        got = run3(q, k, v, cu_dev, cu)
-        torch.cuda.synchronize()
-    finally:
-        monkeypatch.undo()
-        compiler.clear_caches()
+    use_build(monkeypatch, (("FOLD_SCALE", fold_scale),))
+    got = run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()
     assert rel_l2(got, R.attention_fp8(q, k, v, cu)) <= 0.03
 

@@ -59,33 +59,18 @@ ALIGN = 256
 
 
 @functools.lru_cache(maxsize=64)
-def scratch_layout(m, split_bytes=0):
-    """({name: byte offset}, total bytes) of the buffers one call needs between its launches
-    (a_q, a_scale, y, y_q, y_scale, flags, and form 3's split workspace of split_bytes),
-    carved from one allocation: one allocator call instead of seven. (Cached per M: the dict is
-    shared, read it only.)"""
-    sizes = (("a_q", m * HIDDEN), ("a_scale", 4 * m), ("y", 2 * m * FFN), ("y_q", m * FFN), ("y_scale", 4 * m),
-             ("flags", 4 * fc2_flag_count(m)), ("split", split_bytes))
+def scratch_layout(m, names, split_bytes=0):
+    """(total bytes, {name: byte offset}) of one scratch allocation holding the buffers `names`
+    (of a_q, a_scale, y, y_q, y_scale, flags: those the caller gave no workspace for) and, where
+    split_bytes > 0, form 3's split workspace ("split"), each 256-byte aligned: one allocator call
+    for all of them. (0, {}) when there is nothing to hold. (Cached: read the dict only.)"""
+    sizes = dict(a_q=m * HIDDEN, a_scale=4 * m, y=2 * m * FFN, y_q=m * FFN, y_scale=4 * m, flags=4 * fc2_flag_count(m),
+                 split=split_bytes)
     offsets, off = {}, 0
-    for name, size in sizes:
+    for name in tuple(names) + (("split",) if split_bytes else ()):
         offsets[name] = off
-        off += -(-size // ALIGN) * ALIGN
-    return offsets, off
-
-
-@functools.lru_cache(maxsize=64)
-def scratch_plan(m, missing, split_bytes=0):
-    """(bytes, {name: byte offset}) of the one scratch allocation a call makes for the buffers
-    named in `missing` (those the caller gave no workspace for) and form 3's split workspace of
-    split_bytes: (0, {}) when there is none to make; the split workspace alone at offset 0 where
-    it is all that is missing, else scratch_layout's offsets. (Cached: read the dict only.)"""
-    need = tuple(missing) + (("split",) if split_bytes else ())
-    if not need:
-        return 0, {}
-    if need == ("split",):
-        return split_bytes, {"split": 0}
-    offsets, total = scratch_layout(m, split_bytes)
-    return total, {name: offsets[name] for name in need}
+        off += -(-sizes[name] // ALIGN) * ALIGN
+    return off, offsets
 
 
 def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
@@ -124,25 +109,14 @@ def launch_row_at(call, m, values):
 
 def zero_flags(call, m, flags):
     """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
-    zero_bytes(call, flags, 4 * fc2_flag_count(m))
-
-
-def zero_bytes(call, address, count):
-    """Stream-ordered memset of `count` bytes at `address`."""
-    _cuda_runtime().memsetAsync(address, 0, count, call.stream_ptr)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_runtime():
-    from cupy_backends.cuda.api import runtime
-
-    return runtime
+    call.zero(flags, 4 * fc2_flag_count(m))
 
 
 def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y, split=None):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
-    Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a), with the last
-    wave's tiles split over K where `split` (its workspace, mlp_fp8_sm90a.split_plan) is given."""
+    Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a), the last wave's
+    tiles split over K in `split` (its workspace, mlp_fp8_sm90a.plan), or in one of the launch's
+    own where it is None."""
     if form == mlp_fp8_sm90a.FORM:
         return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=split)
     fc1, _, sms = gemms(call.device_id, form)

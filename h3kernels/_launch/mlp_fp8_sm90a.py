@@ -5,10 +5,10 @@ constant of that source and the TMA tensor maps the GEMMs take.
 A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
-import functools
+from typing import NamedTuple
 
 from h3kernels._launch.tma import tensor_map
-from h3kernels._runtime import compiler
+from h3kernels._runtime import arrays, compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import sm_count
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
@@ -75,6 +75,24 @@ def defines(arch=ARCH, form=FORM, **variant):
 _kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, resident CTAs, CLUSTER_M)
 
 
+def set_constants(text):
+    """Sets launch constants from "NAME=VALUE ..." in place of this module's, with the shared
+    memory sizes that follow from them: a candidate build run through the operator, the tests
+    (tests/conftest.py reads $H3KERNELS_MLP_SM90A_DEFINES) and the benches before it becomes the
+    default. Call it before the first launch; loaded kernels and plans are forgotten."""
+    global SMEM_BYTES
+    names = defines()
+    for item in text.split():
+        name, _, value = item.partition("=")
+        if name not in names or not value.lstrip("-").isdigit():
+            raise ValueError(f"launch constant: got {item!r}; need NAME=INTEGER with NAME one of {sorted(names)}")
+        globals()[name] = int(value)
+    SMEM_BYTES = smem_bytes(defines())
+    DYNAMIC_SMEM.update(h3_mlp_fc1_wgmma=SMEM_BYTES, h3_mlp_fc2_wgmma=SMEM_BYTES)
+    _kernels.clear()
+    _plans.clear()
+
+
 def kernels(device_id, variant=()):
     """The three kernels on a device; `variant`: sorted (name, value) pairs overriding defines()."""
     g = _kernels.get((device_id, variant))
@@ -136,9 +154,12 @@ def work_split(groups, slots, slices, step=1):
     return (groups - r, parts) if parts > 1 else (groups, 1)
 
 
-def loop_step(d):
-    """K slices per step of the kernel's K loop with the constants d (its UNIT_SLICES)."""
-    return (d["PROMOTE_K"] // d["BK"] if d["PROMOTE_N64"] else 1) * (2 if d["A_REGS"] == 2 else 1)
+def part_slices(d):
+    """The kernel's PART_SLICES with the constants d: split parts' boundaries fall on multiples
+    of it, which are whole steps of the K loop and 256 bytes of K in every build (so that builds
+    of the same sums split a tile the same way)."""
+    loop_step = (d["PROMOTE_K"] // d["BK"] if d["PROMOTE_N64"] else 1) * (2 if d["A_REGS"] == 2 else 1)
+    return max(256 // d["BK"], loop_step)
 
 
 def slice_bytes(variant):
@@ -147,53 +168,70 @@ def slice_bytes(variant):
 
 
 COUNTER_BYTES = 4
-PARTIAL_BYTES = 2 * 64 * BN * 4  # one part's FP32 sums of one tile: two warpgroups' 64 x 256
+PARTIAL_BYTES = BM * BN * 4  # one part's FP32 sums of one tile
+ALIGN = 256  # the partials' offset in the workspace
 
 
-@functools.lru_cache(maxsize=256)
-def split_plan(device_id, m, variant=()):
-    """((grid, whole, parts) of FC1, the same of FC2, counter bytes, workspace bytes) at M rows
-    on a device. The workspace holds the split tiles' counters, then their partial sums (the
-    two GEMMs run one after the other and share it); 0 bytes where neither GEMM splits. Its
-    counter bytes must be zero before the first launch that uses it; every launch leaves them
-    zero."""
-    *_, slots, cluster = kernels(device_id, variant)
-    d = defines(**dict(variant))
-    plans, counters, partials = [], 0, 0
-    for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
-        groups = tile_groups(m, n_tiles, cluster)
-        whole, parts = work_split(groups, slots // cluster, k // d["BK"], loop_step(d))
-        units = whole + (groups - whole) * parts
-        plans.append((cluster * min(units, slots // cluster), whole, parts))
-        split = (groups - whole) * cluster
-        counters = max(counters, 2 * split * COUNTER_BYTES)
-        partials = max(partials, split * parts * PARTIAL_BYTES if parts > 1 else 0)
-    if not partials:
-        return plans[0], plans[1], 0, 0
-    counters = -(-counters // 256) * 256  # the partials 256-byte aligned
-    return plans[0], plans[1], counters, counters + partials
+class Plan(NamedTuple):
+    """The persistent walks of FC1 and FC2 (gemm 0 and 1) at one M on one device."""
+    split: tuple  # per GEMM: (CTAs, whole tiles, parts of each later tile); parts 1: no split
+    whole: tuple  # per GEMM: (CTAs, tiles, 1), every tile whole
+    counter_bytes: int  # the head of the workspace, zero before a launch that splits
+    workspace_bytes: int  # counters and partial sums, shared by the two GEMMs; 0: neither splits
 
 
-def walk(device_id, m, gemm, split, variant=()):
-    """(grid, the kernel's four split parameters) of FC1 (gemm 0) or FC2 (1) at M rows: the
-    split_plan's where `split` (the workspace's address) is given and that GEMM splits, else
-    every tile whole."""
-    plan = split_plan(device_id, m, variant)
-    grid_ctas, whole, parts = plan[gemm]
-    if parts > 1 and split is not None:
-        return grid_ctas, (whole, parts, split + plan[2], split)
-    *_, slots, cluster = kernels(device_id, variant)
-    groups = tile_groups(m, (FC1_OUT if gemm == 0 else HIDDEN) // BN, cluster)
-    return cluster * min(groups, slots // cluster), (groups, 1, 0, 0)
+_plans = compiler.cache({})  # (device id, M, variant) -> Plan
 
 
-def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None):
-    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
-    Arguments are addresses; split: the split workspace (split_plan), None for whole tiles."""
+def plan(device_id, m, variant=()):
+    """The Plan of the two GEMMs at M rows on a device (work_split per GEMM)."""
+    p = _plans.get((device_id, m, variant))
+    if p is None:
+        *_, slots, cluster = kernels(device_id, variant)
+        d = defines(**dict(variant))
+        split, whole, counters, partials = [], [], 0, 0
+        for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
+            groups = tile_groups(m, n_tiles, cluster)
+            done, parts = work_split(groups, slots // cluster, k // d["BK"], part_slices(d))
+            units = done + (groups - done) * parts
+            split.append((cluster * min(units, slots // cluster), done, parts))
+            whole.append((cluster * min(groups, slots // cluster), groups, 1))
+            if parts > 1:
+                tiles = (groups - done) * cluster
+                counters = max(counters, 2 * tiles * COUNTER_BYTES)
+                partials = max(partials, tiles * parts * PARTIAL_BYTES)
+        counters = -(-counters // ALIGN) * ALIGN
+        p = _plans[(device_id, m, variant)] = Plan(tuple(split), tuple(whole), counters,
+                                                    counters + partials if partials else 0)
+    return p
+
+
+def walk(call, m, gemm, variant, split, whole_tiles):
+    """(CTAs, the GEMM kernel's four split parameters, an array to hold until the launch is
+    queued) of FC1 (gemm 0) or FC2 (1). split: the workspace (an address, its counters zero), or
+    None: the launch zeroes one of its own on the call's stream. whole_tiles: every tile whole
+    (for measurements)."""
+    p = plan(call.device_id, m, variant)
+    ctas, whole, parts = p.split[gemm]
+    if whole_tiles or parts == 1:
+        ctas, whole, parts = p.whole[gemm]
+        return ctas, (whole, 1, 0, 0), None
+    held = None
+    if split is None:
+        held = call.empty((p.workspace_bytes,), arrays.E4M3)
+        split = data_ptr(held)
+        call.zero(split, p.counter_bytes)
+    return ctas, (whole, parts, split + p.counter_bytes, split), held
+
+
+def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None, whole_tiles=False):
+    """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most),
+    the last wave's tiles split over K as plan() says. Arguments are addresses; split and
+    whole_tiles as in walk()."""
     fc1, _, _, _, cluster = kernels(call.device_id, variant)
     bk = slice_bytes(variant)
     maps = (tensor_map(a_q, m, HIDDEN, BM, bk), tensor_map(w1_q, FC1_OUT, HIDDEN, BN // cluster, bk))
-    ctas, params = walk(call.device_id, m, 0, split, variant)
+    ctas, params, _held = walk(call, m, 0, variant, split, whole_tiles)
     fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, (*maps, a_scale, w1_scale, y, m, *params))
 
 
@@ -203,13 +241,13 @@ def launch_y_quant(call, m, y, y_q, y_scale, variant=()):
 
 
 def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, variant=(),
-                    split=None):
+                    split=None, whole_tiles=False):
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
-    and rows are parameters); split as in launch_fc1; the rest are addresses."""
+    and rows are parameters); split and whole_tiles as in walk(); the rest are addresses."""
     _, fc2, _, _, cluster = kernels(call.device_id, variant)
     bk = slice_bytes(variant)
     maps = (tensor_map(y_q, m, FFN, BM, bk), tensor_map(w2_q, HIDDEN, FFN, BN // cluster, bk))
-    ctas, params = walk(call.device_id, m, 1, split, variant)
+    ctas, params, _held = walk(call, m, 1, variant, split, whole_tiles)
     fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                (*maps, y_scale, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
                 residual, out, m, *params))

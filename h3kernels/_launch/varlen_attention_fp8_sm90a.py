@@ -52,6 +52,7 @@ FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of t
 # ulp of S: below 2^-12 (log2 units) while |S| < 2^12, but half a unit from |S| = 2^24 on, and
 # 2^(huge) or 2^(-huge), NaN rows, for queries scaled by 1e30 (docs/hopper.md). 2: the fold with a guard,
 # the unfolded arithmetic in a warp with a row maximum beyond 2^12 (builds clean; not yet run)
+O_IN_CORE = 0  # 1, 2 (measured, not shipped): P V accumulated onto O in the tensor core (docs/hopper.md)
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
@@ -82,7 +83,8 @@ def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
-             MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, H3_MMA_FORM=0)
+             MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256,
+             FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, H3_MMA_FORM=0)
     d.update(variant)
     return d
 

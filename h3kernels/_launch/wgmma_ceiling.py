@@ -11,13 +11,13 @@ DYNAMIC_SMEM = {}  # its operand tiles are static shared memory
 # cuda_src/wgmma_ceiling.cu, built with exactly these (defines()):
 WARPGROUPS = 2  # per CTA, one m64n256 FP32 accumulator each (128 registers a thread)
 K_STEPS = 4  # m64n256k32 wgmmas per commit group: one 128-byte K row of the tiles
-FLOP_PER_WGMMA = 2 * 64 * 256 * 32
+WGMMA_N = 256  # the wgmma's N: 256 (the ceiling), or 64 and 128 (measurement builds of narrower wgmmas)
 PARAMS = ("u64", "i32")  # sink, iters
 
 
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/wgmma_ceiling.cu; `variant` overrides some."""
-    d = dict(WARPGROUPS=WARPGROUPS, K_STEPS=K_STEPS)
+    d = dict(WARPGROUPS=WARPGROUPS, K_STEPS=K_STEPS, WGMMA_N=WGMMA_N)
     d.update(variant)
     return d
 
@@ -31,7 +31,5 @@ def kernel(device_id, **variant):
 
 
 def flops(ctas, iters, d):
-    """Tensor FLOPs of one launch of `ctas` CTAs built with defines `d` (WGMMA_N 64 or 128:
-    measurement builds of narrower wgmmas)."""
-    per_wgmma = FLOP_PER_WGMMA * d.get("WGMMA_N", 256) // 256
-    return ctas * d["WARPGROUPS"] * iters * d["K_STEPS"] * per_wgmma
+    """Tensor FLOPs of one launch of `ctas` CTAs built with defines `d`."""
+    return ctas * d["WARPGROUPS"] * iters * d["K_STEPS"] * 2 * 64 * d["WGMMA_N"] * 32

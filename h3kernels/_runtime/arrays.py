@@ -166,6 +166,12 @@ class Call:
         """Makes the call's device current if it is not (returns what restore() needs)."""
         return make_current(self.device_id)
 
+    def zero(self, address, count):
+        """Stream-ordered memset of `count` bytes at device address `address`."""
+        from cupy_backends.cuda.api import runtime
+
+        runtime.memsetAsync(address, 0, count, self.stream_ptr)
+
     def empty(self, shape, dtype):
         """A new array of the caller's kind on the call's device, stream-ordered."""
         if self.kind == "torch":

@@ -61,14 +61,18 @@ def sdpa_bf16(q, k, v, cu_host):
 def sdpa_backend_bf16(q, k, v, cu_host, backend):
     """A callable computing out as sdpa_bf16 does with one SDPA backend pinned (a
     torch.nn.attention.SDPBackend name: "CUDNN_ATTENTION", "FLASH_ATTENTION"), and its label; or
-    None, label where torch refuses that backend on these inputs (checked by one call here)."""
+    None, label where torch refuses that backend on these inputs (checked by one call here). On
+    strided views of q, k, v first; where the backend refuses those, on contiguous copies made
+    once here (as the benches do), so that the backend named is the one timed."""
     from torch.nn.attention import SDPBackend
 
     label = {"CUDNN_ATTENTION": "cuDNN SDPA bf16", "FLASH_ATTENTION": "flash SDPA bf16"}.get(backend, backend)
-    attention = SegmentedSDPA(q, k, v, cu_host)
     pinned = getattr(SDPBackend, backend)
-    try:
-        attention(pinned)
-    except RuntimeError:  # "No available kernel": this torch, GPU or input shape lacks that backend
-        return None, label
-    return (lambda: attention.pack(attention(pinned))), label
+    for contiguous in (False, True):
+        attention = SegmentedSDPA(q, k, v, cu_host, contiguous=contiguous)
+        try:
+            attention(pinned)
+        except RuntimeError:  # "No available kernel": this torch, GPU or input layout lacks that backend
+            continue
+        return (lambda: attention.pack(attention(pinned))), label
+    return None, label

@@ -230,7 +230,7 @@ def y_error_bounds(acc_bounds, a_q, a_scale, w1_q, w1_scale):
     """(s u, [bound per acc_bound]): per element of y's logical columns, s u from exact sums
     (s = silu(h_gate), u = h_up) and, for each acc_bound, a bound on |y - s u| when the sums are
     off by at most acc_bound * sum |a_k w_k| and each of y's four bf16 roundings by half an ulp,
-    in absolute terms."""
+    in absolute terms. w1_q may come as float64 already (a caller's chunks then share it)."""
     import torch
 
     from h3kernels import reference as R
@@ -241,8 +241,10 @@ def y_error_bounds(acc_bounds, a_q, a_scale, w1_q, w1_scale):
     scale = a_scale.to(f64)[:, None] * w1_scale.to(f64)[None, :]
     h = torch.empty(a_q.shape[0], w1_q.shape[0], dtype=f64, device=a_q.device)
     mag = torch.empty_like(h)
-    h[:, order] = (a_q.to(f64) @ w1_q.to(f64).T) * scale
-    mag[:, order] = (a_q.to(f64).abs() @ w1_q.to(f64).abs().T) * scale
+    w = w1_q.to(f64)
+    a = a_q.to(f64)
+    h[:, order] = (a @ w.T) * scale
+    mag[:, order] = (a.abs() @ w.abs().T) * scale
     g, u = h[:, :FFN], h[:, FFN:]
     s = g * torch.sigmoid(g)
     bounds = []
@@ -265,9 +267,10 @@ def check_mlp_y_wgmma(a_q, a_scale, w1_q, w1_scale, y, tag):
     from h3kernels import reference as R
 
     over = n = 0
+    w64 = w1_q.to(torch.float64)  # once for every chunk
     for r0 in range(0, y.shape[0], Y_CHUNK):
         sl = slice(r0, r0 + Y_CHUNK)
-        exact, (bound, bound_ref) = y_error_bounds((ACC_BOUND, 0.0), a_q[sl], a_scale[sl], w1_q, w1_scale)
+        exact, (bound, bound_ref) = y_error_bounds((ACC_BOUND, 0.0), a_q[sl], a_scale[sl], w64, w1_scale)
         err = (y[sl].to(torch.float64) - exact).abs()
         bad = ~(err <= bound)
         assert not bad.any(), (f"{tag}: y outside the wgmma accumulation bound", [
@@ -339,8 +342,8 @@ def check_mlp_stages(inputs, weights, out, workspaces, tag, report_exact=True, f
     own y, out by check_mlp_out. inputs: make_mlp_inputs' dict as it was before the call (out may
     alias x or residual); weights: make_fc_weights' dict. report_exact: also report, and bound
     loosely (cos > 0.99, rel L2 < 0.1), out - residual against the unquantized bf16 weights.
-    form: the call's fp8_mma_form; the wgmma family's (3) y by check_mlp_y_wgmma and its out with
-    WGMMA_OUT_WITHIN_1_ULP."""
+    form: the call's fp8_mma_form; where it ran the wgmma family (3), y by check_mlp_y_wgmma and
+    out with WGMMA_OUT_WITHIN_1_ULP."""
     import torch
 
     from h3kernels import reference as R
@@ -355,7 +358,7 @@ def check_mlp_stages(inputs, weights, out, workspaces, tag, report_exact=True, f
                      f"{tag}: a_scale")
     y = ws["workspace_y"]
     assert not torch.isnan(y.float()).any(), f"{tag}: y has NaN elements (unwritten?)"
-    wgmma = form == targets.WGMMA_FORM
+    wgmma = targets.mlp_mma_form(y.device.index, form) == targets.WGMMA_FORM  # the form the call ran
     (check_mlp_y_wgmma if wgmma else check_mlp_y)(ws["workspace_a_q"], ws["workspace_a_scale"], weights["q1"],
                                                  weights["s1"], y, tag)
     for r0 in range(0, y.shape[0], ROW_CHUNK):

@@ -166,24 +166,31 @@ extern "C" __global__ void h3_spin(unsigned long long ns) {
 """
 
 
+QUANT_PASSES_OF_COPY_WANTED = 0.70  # the attention's quantization passes: this share of a copy's rate
+
+
 def attention_quant_pass_bytes(lens, heads):
     """{pass: bytes it reads and writes} for segments `lens` (the launches of
     _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
-    partial sums per key block and channel)."""
-    tokens, blocks = sum(lens), sum(-(-n // 128) for n in lens)
-    e, segs = tokens * heads * 128, len(lens)
-    part = 2 * blocks * heads * 128 * 4  # the K and V partial sums
-    seg_stats = 2 * segs * heads * 128 * 4  # mu, s_v
+    partial sums per key block and channel; V written in whole key blocks)."""
+    from h3kernels.constants import HEAD_DIM, K_BLOCK
+
+    tokens, blocks = sum(lens), sum(-(-n // K_BLOCK) for n in lens)
+    e, segs = tokens * heads * HEAD_DIM, len(lens)
+    part = 2 * blocks * heads * HEAD_DIM * 4  # the K and V partial sums
+    seg_stats = 2 * segs * heads * HEAD_DIM * 4  # mu, s_v
     return {"q_kernel": 2 * e + e + 4 * tokens * heads,
             "kv_block_kernel": 4 * e + part,
             "kv_segment_kernel": part + seg_stats,
-            "k_quant_kernel": 2 * e + e + segs * heads * 128 * 4 + 4 * blocks * heads,
-            "v_quant_kernel": 2 * e + blocks * 128 * heads * 128 + segs * heads * 128 * 4}
+            "k_quant_kernel": 2 * e + e + segs * heads * HEAD_DIM * 4 + 4 * blocks * heads,
+            "v_quant_kernel": 2 * e + blocks * K_BLOCK * heads * HEAD_DIM + segs * heads * HEAD_DIM * 4}
 
 
 def attention_quant_least_bytes(lens, heads):
     """The least any quantization scheme moves: q, k, v read once as bf16, written once as e4m3."""
-    return 3 * 3 * sum(lens) * heads * 128
+    from h3kernels.constants import HEAD_DIM
+
+    return 3 * 3 * sum(lens) * heads * HEAD_DIM
 
 
 def attention_kernel_alone(call):
