@@ -54,7 +54,7 @@
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
-    !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE)
+    !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -67,6 +67,7 @@
 #define Q_BYTES (BQ * HD)
 #define K_BYTES (STAGE_KEYS * HD)
 #define STAGE_BYTES (2 * K_BYTES)  // K rows, then V^T rows (128 channels x 128 keys)
+#define ONES_BYTES 1024            // after the ring: e4m3 1.0 in every byte, L_IN_CORE's B operand
 
 // Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
 // writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
@@ -108,6 +109,9 @@
 #endif
 #if O_IN_CORE && (OVERLAP || S128 == 2 || DBG_STORE)
 #error "O_IN_CORE takes the block loop's or S128 1's order"
+#endif
+#if FOLD_SCALE && !L_IN_CORE
+#error "FOLD_SCALE's huge scores saturate P, which only l summed from the rounded P follows"
 #endif
 #if S_SPLIT != 1 && (OVERLAP || S128)
 #error "S_SPLIT borrows the P V partial's registers, which OVERLAP and S128 keep in flight under S"
@@ -187,12 +191,17 @@ __device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows
 
 // P . V of one 64-key block into the zeroed partial `part`, issued, not waited for. v_keys: the
 // block's first key column in the stage's V^T rows.
-__device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys) {
+// L_IN_CORE: also P . 1 into the zeroed lp, each row's sum of its rounded P (ones: the all-ones
+// tile, whose every byte is 1.0, so that any row and K step of its descriptor reads ones).
+__device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys, float (&lp)[4],
+                                         u32 ones) {
   if (DBG_PERF & 4) return;
   const u32 dv = wgmma_desc_lo(v_keys);
 #pragma unroll
-  for (int kk = 0; kk < BKV / 32; ++kk)
+  for (int kk = 0; kk < BKV / 32; ++kk) {
     wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc_at(dv, 32 * kk), O_IN_CORE || kk > 0);
+    if (L_IN_CORE) wgmma_m64n8k32_e4m3_rs(lp, pa[kk], wgmma_desc_at(wgmma_desc_lo(ones), 32 * kk), kk > 0);
+  }
 }
 
 // The P V accumulator of a block: the zeroed partial, or with O_IN_CORE O itself, scaled here by
@@ -241,8 +250,16 @@ __device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
 }
 
 // O = O * alpha + part, once part's wgmmas are waited for (with O_IN_CORE the tensor core has
-// added the block to O already).
-__device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1) {
+// added the block to O already); with_l: the tensor core's row sums lt = lt * alpha + the block's
+// P . 1 (lp registers 0 and 2: this lane's rows, the whole row's sum in every lane).
+__device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1, float& l0,
+                                          float& l1, float (&lp)[4], bool with_l) {
+  if (L_IN_CORE && with_l) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_regs(lp[i]);
+    l0 = fmaf(l0, a0, lp[0]);
+    l1 = fmaf(l1, a1, lp[2]);
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     if (O_IN_CORE) {
@@ -260,7 +277,7 @@ __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], flo
 // updated, alpha = 2^(m_old - m) returned in a, and P = e4m3(256 * 2^(S - m)) packed as the A
 // fragments of the block's two k32 steps. s[4 nt + r] is the mma.sync C register r of n8 tile
 // nt, so the packing is the mma.sync kernel's. dbg(s, 1) sees the masked S, dbg(s, 2) 2^(S - m).
-template <class Dbg>
+template <bool FOLD, bool SUM_L, class Dbg>
 __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
@@ -275,10 +292,10 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
     m0 = m1 = 0.f;
     return;
   }
-  // FOLD_SCALE: s stays unscaled: the block maximum of the scaled scores is cb times the
+  // FOLD (FOLD_SCALE): s stays unscaled: the block maximum of the scaled scores is cb times the
   // unscaled one (cb >= 0, and rounding is monotonic), and each score's scaling joins its
   // subtraction of m in one FFMA; keys past the end are masked again after it (cb may be 0).
-  if (!FOLD_SCALE) {
+  if (!FOLD) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] *= (i & 2) ? cb1 : cb0;
   }
@@ -291,7 +308,7 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
   };
   mask(s);
   dbg(s, 1);
-  float mx0 = FOLD_SCALE ? neg_inf() : m0, mx1 = FOLD_SCALE ? neg_inf() : m1;
+  float mx0 = FOLD ? neg_inf() : m0, mx1 = FOLD ? neg_inf() : m1;
 #if MAX_TREE
   // The same maxima (fmaxf is exact, so any order gives them) in 4 dependent steps, not 16
   float r0[8], r1[8];
@@ -323,7 +340,7 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
   }
-  if (FOLD_SCALE) {  // a block with every key masked: -inf * cb, or NaN where cb = 0; fmaxf keeps m
+  if (FOLD) {  // a block with every key masked: -inf * cb, or NaN where cb = 0; fmaxf keeps m
     mx0 = fmaxf(m0, mx0 * cb0);
     mx1 = fmaxf(m1, mx1 * cb1);
   }
@@ -332,35 +349,38 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
   a1 = ex2(m1 - mx1);
   m0 = mx0;
   m1 = mx1;
-  l0 *= a0;
-  l1 *= a1;
+  if (SUM_L) {  // else add_block takes l's rescale and sum (L_IN_CORE)
+    l0 *= a0;
+    l1 *= a1;
+  }
   // FOLD_256: P's 2^8 bias in the exponent, 256 * 2^(S - m) = 2^(S - (m - 8)) (m - 8 is exact),
   // one FADD per score where the bias costs an FMUL more; l then sums 256 times the unbiased
   // values (write_rows takes l / 256).
-  const float e0 = FOLD_256 ? m0 - 8.f : m0, e1 = FOLD_256 ? m1 - 8.f : m1;
-  if (FOLD_SCALE) {
-    // The FFMA leaves the maximum's own argument the rounding error of its unrounded product,
-    // half an ulp of S: harmless below |m| = 2^12 (at most 2^-12 in log2 units), but 2^(+-huge)
-    // for huge scores (queries scaled by 1e30). FOLD_SCALE 2 takes the unfolded arithmetic
-    // (the rounded product, then the subtraction: 0 exactly for the maximum) in a warp with such
-    // a row, at one comparison per row and block elsewhere.
-    if (FOLD_SCALE == 2 && !__all_sync(0xffffffffu, fabsf(e0) < 4096.f && fabsf(e1) < 4096.f)) {
+  const float bias = FOLD_256 ? 8.f : 0.f;
+  // FOLD: the FFMA leaves the maximum's own argument the rounding error of its unrounded
+  // product, up to half an ulp of m, which for huge scores (queries scaled by 1e30) is 2^(+-huge).
+  // So e lies a margin below m - bias, |m| 2^-22 (at least twice m's ulp, beyond both roundings):
+  // the maximum's argument is then at least bias, and where |m| is huge, 2^(huge) = inf, which
+  // P's conversion saturates to 448, and l (P . 1 of the rounded P) agrees with it. Below
+  // |m| = 2^12 the margin is under 2^-10.
+  const float e0 = FOLD ? fmaf(fabsf(m0), -0x1p-22f, m0 - bias) : m0 - bias;
+  const float e1 = FOLD ? fmaf(fabsf(m1), -0x1p-22f, m1 - bias) : m1 - bias;
+  if (FOLD) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? __fmul_rn(s[i], cb1) - e1 : __fmul_rn(s[i], cb0) - e0;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
-    }
+    for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
     mask(s);
   }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    const float x = FOLD_SCALE ? s[i] : s[i] - ((i & 2) ? e1 : e0);
+    const float x = FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0);
     s[i] = (DBG_PERF & 8) ? x * 0.0625f : ex2(x);
+    if (!SUM_L)
+      continue;
+    const float p = FOLD ? fminf(s[i], 0x1p64f) : s[i];  // the margin's inf (huge scores) kept finite
     if (i & 2)
-      l1 += s[i];
+      l1 += p;
     else
-      l0 += s[i];
+      l0 += p;
   }
   dbg(s, 2);
 #pragma unroll
@@ -376,7 +396,9 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
 // DBG_PERF 16: a second, independent softmax of the same block beside each one (its P folded in
 // by XOR, so that it is not dropped): twice the softmax's work on two chains per warp, which
 // tells a throughput-bound loop (twice the time) from a latency-bound one (less).
-template <class Dbg>
+// FOLD, SUM_L: the scaling folded into the FFMA, and l summed in FP32 from the unrounded P, by
+// default as the block loop does; a one-block tile takes neither (its P on the reference's grid).
+template <bool FOLD = FOLD_SCALE, bool SUM_L = !L_IN_CORE || EXACT_L, class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
@@ -386,8 +408,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     for (int i = 0; i < 32; ++i) s2[i] = s[i] * 1.0001f;
     u32 p2[BKV / 32][4];
     float n0 = m0, n1 = m1, k0 = l0, k1 = l1, b0, b1;
-    softmax_block_(s2, p2, n0, n1, k0, k1, b0, b1, cb0, cb1, valid, t, dbg);
-    softmax_block_(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
+    softmax_block_<FOLD, SUM_L>(s2, p2, n0, n1, k0, k1, b0, b1, cb0, cb1, valid, t, dbg);
+    softmax_block_<FOLD, SUM_L>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
 #pragma unroll
     for (int kk = 0; kk < BKV / 32; ++kk)
 #pragma unroll
@@ -398,7 +420,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32
     a1 += b1 * 1e-30f;
     return;
   }
-  softmax_block_(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
+  softmax_block_<FOLD, SUM_L>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -412,8 +434,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES], q_full, q_empty;
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
-  const u32 q_smem = base, ring = base + Q_BYTES;
+  const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x >> 7;
+  if (L_IN_CORE && threadIdx.x >= 128) {  // 256 consumer threads, one word each
+    *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
+    fence_proxy_async_shared();
+  }
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -472,6 +498,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     int stage = 0;  // the ring stage of the next block's keys, and its full barrier's phase
     u32 phase = 0, q_phase = 0;
     float part[64];  // one 64-key block's P V (the first k32 step overwrites it)
+    float lp[4] = {0.f, 0.f, 0.f, 0.f};  // with L_IN_CORE its P . 1
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
 #if PINGPONG
@@ -495,6 +522,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] = 0.f;
       float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
+      float lt0 = 0.f, lt1 = 0.f;  // L_IN_CORE: the row sums of the rounded P (tensor core), whole in each lane
       const u32 a_q = q_smem + consumer * 64 * HD;
       float s[32];
       u32 pa[BKV / 32][4];
@@ -529,14 +557,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         else
           compute_s(s, a_q, k_rows);
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
-        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t,
-                      [&](const float (&v)[32], int which) { dbg(v, which, j); });
+        auto show = [&](const float (&v)[32], int which) { dbg(v, which, j); };
+        if (sync_s)  // l summed in FP32 from the unrounded P, as the reference: this P is on its grid
+          softmax_block<false, true>(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t, show);
+        else
+          softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t, show);
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(acc, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV);
+        issue_pv(acc, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV, lp, ones);
         wgmma_commit();
         wgmma_wait<0>();
-        add_block(o, part, a0, a1);
+        add_block(o, part, a0, a1, lt0, lt1, lp, !sync_s);
         if ((j & 1) || j == n_blocks - 1) {  // the stage's last block
           if (lane == 0) mbar_arrive(&empty[stage]);
           if (++stage == STAGES) {
@@ -590,16 +621,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
         wgmma_wait<0>();  // the previous stage's high-half P V
         keep_p(pb);
-        if (prev_hi) add_block(o, part, b0, b1);
+        if (prev_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
         if (st > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
         wgmma_fence();
-        issue_pv(part, pa, stage_base + K_BYTES);
+        issue_pv(part, pa, stage_base + K_BYTES, lp, ones);
         wgmma_commit();
         softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
                       [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
         wgmma_wait<0>();
         keep_p(pa);
-        add_block(o, part, a0, a1);
+        add_block(o, part, a0, a1, lt0, lt1, lp, true);
         prev_stage = stage;
         prev_hi = has_hi;
         if (++stage == STAGES) {
@@ -618,7 +649,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
-        issue_pv(part, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
+        issue_pv(part, pb, stage_base + K_BYTES + BKV, lp, ones);  // P 0 without a high half
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);
@@ -627,7 +658,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       wgmma_wait<0>();
       keep_p(pb);
-      if (prev_hi) add_block(o, part, b0, b1);
+      if (prev_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
       if (n_stages > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
 #elif S128
       // Stage st (keys 128 st ..): its S in one group; the softmax of the low half (block 2 st);
@@ -665,13 +696,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(acc, pa, stage_base + K_BYTES);
+        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones);
         wgmma_commit();
         softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
                       [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
         wgmma_wait<0>();
         keep_p(pa);
-        add_block(o, part, a0, a1);
+        add_block(o, part, a0, a1, lt0, lt1, lp, true);
         const int cur = stage;
         if (++stage == STAGES) {
           stage = 0;
@@ -689,7 +720,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV);  // P 0 without a high half
+        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV, lp, ones);  // P 0 without a high half
         wgmma_commit();
         issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
@@ -698,7 +729,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
         wgmma_wait<1>();  // the high half's P V is done; the next S may still run
         keep_p(pb);
-        if (has_hi) add_block(o, part, b0, b1);
+        if (has_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
         if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
         if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads are done
         wgmma_wait<0>();
@@ -725,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
-        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV);  // j = 0: P 0
+        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV, lp, ones);  // j = 0: P 0
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
@@ -741,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         keep_p(pa);  // block j - 1's P V read pa until here: pn must not take its registers
         if (j > 0) {
-          add_block(o, part, a0, a1);
+          add_block(o, part, a0, a1, lt0, lt1, lp, true);
           if (((j - 1) & 1) && lane == 0) mbar_arrive(&empty[pv_stage]);  // block j - 1 ended its stage
         }
 #pragma unroll
@@ -760,10 +791,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       // the last block's P V; it ends its stage
       wgmma_fence();
-      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV);
+      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV, lp, ones);
       wgmma_commit();
       wgmma_wait<0>();
-      add_block(o, part, a0, a1);
+      add_block(o, part, a0, a1, lt0, lt1, lp, true);
       if (lane == 0) mbar_arrive(&empty[pv_stage]);
       if (((n_blocks - 1) & 1) == 0) {  // a stage of one block: not yet stepped past
         if (++stage == STAGES) {
@@ -775,12 +806,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
 #endif
 #if !DBG_STORE
-      constexpr float l_scale = FOLD_256 ? 1.f / 256.f : 1.f;  // exact either way
+      // O's l and the lse's: FP32 sums of this lane's share of the unrounded P (biased by 2^8 with
+      // FOLD_256), or with L_IN_CORE the tensor core's whole sums of the rounded P (always biased),
+      // times 1/4 in each of the row's 4 lanes (write_rows adds them), except in a one-block tile;
+      // EXACT_L (the build for an lse) sums both, the lse taking the FP32 one. Exact scalings.
+      const bool tensor_l = L_IN_CORE && !(ONE_BLOCK_SYNC && n_blocks == 1);
+      constexpr float fp32_scale = FOLD_256 ? 1.f / 256.f : 1.f;
+      const float o_l0 = tensor_l ? lt0 * (0.25f / 256.f) : l0 * fp32_scale;
+      const float o_l1 = tensor_l ? lt1 * (0.25f / 256.f) : l1 * fp32_scale;
+      const float lse_l0 = tensor_l && !EXACT_L ? o_l0 : l0 * fp32_scale;
+      const float lse_l1 = tensor_l && !EXACT_L ? o_l1 : l1 * fp32_scale;
       // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live (a warp-wide
       // vote: write_rows shuffles across the warp)
       if (!(DBG_PERF & 32) || __any_sync(0xffffffffu, o[0] == 1234.5f && l0 == 1234.5f))
-        write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, l0 * l_scale,
-                       l1 * l_scale, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
+        write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, o_l0, o_l1, lse_l0,
+                       lse_l1, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
 #endif
     }
 #if PINGPONG

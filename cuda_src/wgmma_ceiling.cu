@@ -26,11 +26,6 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[128], u64 a, u64 b) { wgmm
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k32_e4m3(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k32_e4m3(d, a, b, 1); }
 
-// Shared memory written by ordinary stores, then read by wgmma (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float* __restrict__ sink, int iters) {
   __shared__ __align__(1024) u8 raw[A_BYTES + B_BYTES + 1024];
   const u32 base = (smem_u32(raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte aligned tiles

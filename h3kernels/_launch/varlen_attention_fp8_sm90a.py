@@ -44,15 +44,20 @@ ONE_BLOCK_SYNC = 1  # 1: a segment of one 64-key block computes S with mma.sync 
 FOLD_256 = 1  # 1: P's 2^8 bias in ex2's argument (2^(S - (m - 8))) instead of a multiplication of
 # each probability: one instruction less per score, P from an argument within an FP32 rounding of
 # the unfolded one (so other bits than 0); 0 is measured in ACCUMULATION
-FOLD_SCALE = 0  # 1: each score's scaling to log2 units and its subtraction of the running max in
-# one FFMA, the block maximum taken on the unscaled scores (one instruction less per score, one
-# rounding less: other bits than 0). With FOLD_256: 0.97x / 0.91x the unfolded kernel's time at
-# 4 x 4096 / 1 x 16384 (H200, docs/hopper.md "What bounds the loop"), FOLD_256 alone 0.99x /
-# 0.98x. Off: the FFMA leaves the maximum's own score the rounding error of its product, half an
-# ulp of S: below 2^-12 (log2 units) while |S| < 2^12, but half a unit from |S| = 2^24 on, and
-# 2^(huge) or 2^(-huge), NaN rows, for queries scaled by 1e30 (docs/hopper.md). 2: the fold with a guard,
-# the unfolded arithmetic in a warp with a row maximum beyond 2^12 (builds clean; not yet run)
+FOLD_SCALE = 1  # 1 (needs L_IN_CORE): each score's scaling to log2 units and its subtraction of
+# the running max in one FFMA, the block maximum taken on the unscaled scores: one instruction
+# less per score, one rounding less (other bits than 0). The FFMA leaves the maximum's own
+# argument the rounding error of its product, up to half an ulp of m: the subtracted max lies a
+# margin |m| 2^-22 lower, so that for huge scores (queries scaled by 1e30) the maximum's P
+# saturates to 448 instead of 0 (NaN rows without the margin), which l from the rounded P follows.
+# One-block tiles (P on the reference's grid) keep the unfolded arithmetic. docs/hopper.md
 O_IN_CORE = 0  # 1, 2 (measured, not shipped): P V accumulated onto O in the tensor core (docs/hopper.md)
+L_IN_CORE = 1  # 1: each row's sum l from the tensor core (P . 1 beside each block's P V, an m64n8
+# wgmma on a tile of ones) in place of 32 FP32 additions per block and thread: l then sums the
+# rounded P, not the unrounded one; a one-block tile (P on the reference's grid) keeps the additions
+EXACT_L = 0  # 1 (with L_IN_CORE): the loop also sums l in FP32 from the unrounded P, for the lse
+# alone (O still divides by the tensor core's sum, so out keeps its bits): launch() takes this
+# build for a call that wants the lse, which the contract defines on the unrounded sum
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
@@ -65,13 +70,16 @@ MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent step
 # register touched in flight). docs/hopper.md has the figures.
 VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
             (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
-            (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)))
-ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 1),), (("FOLD_SCALE", 2),), (("O_IN_CORE", 1),),
-                (("O_IN_CORE", 2),), (("ONE_BLOCK_SYNC", 0),), (("S128", 0), ("S_SPLIT", 4)),
-                (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
-                (("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
+            (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),))
+ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0)),
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 1)),
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 2)),
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0)), (("S128", 0), ("S_SPLIT", 4)),
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
-SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + 1024  # Q tile, the ring, room to align to 1024 bytes
+ONES_BYTES = 1024
+SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + 1024  # Q tile, the ring, the ones tile, room to align
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
 # map_q, map_k, map_v, tiles, n_tiles, block_offset, s_q, s_k, s_v, out, heads, scale_log2, lse
 # (0: not wanted), q, mu, tokens, softmax_scale, q_bounds
@@ -84,7 +92,8 @@ def defines(arch=ARCH, form=FORM, **variant):
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256,
-             FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, H3_MMA_FORM=0)
+             FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
+             H3_MMA_FORM=0)
     d.update(variant)
     return d
 
@@ -113,8 +122,14 @@ def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch):
             tensor_map(v8t, heads * HD, v_pitch, HD))
 
 
+LSE_VALUE = 9  # values[LSE_VALUE] in launch(): the lse pointer (0: not wanted)
+
+
 def launch(call, n_tiles, the_maps, values, variant=()):
     """The kernel on the call's stream over n_tiles plan tiles, a persistent grid of at most one
-    CTA per SM. values: the parameters after the maps (PARAMS)."""
+    CTA per SM. values: the parameters after the maps (PARAMS). A call that wants the lse runs
+    the EXACT_L build of `variant`."""
+    if values[LSE_VALUE]:
+        variant = tuple(sorted({**dict(variant), "EXACT_L": 1}.items()))
     f, sms = attention_kernel(call.device_id, variant)
     f.launch(call.stream_ptr, (min(n_tiles, sms), 1), THREADS, (*the_maps, *values))
