@@ -7,7 +7,9 @@
 // block S = q8 . k8^T scaled to log2 units (s_q * s_k * softmax_scale * log2 e), keys past the
 // segment's end masked to -inf, the running max updated, P = e4m3(256 * 2^(S - m)), l summing
 // the unquantized 2^(S - m), O = O * 2^(m_old - m) + P . V; at the end out = bf16(O * s_v /
-// (256 l)) and lse (write_rows, varlen_attention_fp8_common.cuh).
+// (256 l)) and lse (write_rows, varlen_attention_fp8_common.cuh). Except, by default, beyond a
+// segment's first block: l sums the rounded P in the tensor core (L_IN_CORE) and m enters with a
+// margin (FOLD_SCALE); see their comments below and in the launch layer.
 //
 // The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
 // the TMA loads: the tile's Q (128 rows x 128 bytes, one 128B-swizzled box of the q8 map over
@@ -109,6 +111,9 @@
 #endif
 #if O_IN_CORE && (OVERLAP || S128 == 2 || DBG_STORE)
 #error "O_IN_CORE takes the block loop's or S128 1's order"
+#endif
+#if (FOLD_SCALE != 0 && FOLD_SCALE != 1) || (L_IN_CORE != 0 && L_IN_CORE != 1) || (EXACT_L != 0 && EXACT_L != 1)
+#error "FOLD_SCALE, L_IN_CORE and EXACT_L are 0 or 1"
 #endif
 #if FOLD_SCALE && !L_IN_CORE
 #error "FOLD_SCALE's huge scores saturate P, which only l summed from the rounded P follows"
@@ -273,8 +278,8 @@ __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], flo
 
 // The softmax step of one 64-key block, varlen_attention_fp8.cu's arithmetic in its order: S
 // (s, this lane's fragment: register i at row g + 8 ((i / 2) % 2), key 8 (i / 4) + 2t + i % 2)
-// scaled by cb to log2 units, keys from `valid` on masked, the running max (m) and sum (l)
-// updated, alpha = 2^(m_old - m) returned in a, and P = e4m3(256 * 2^(S - m)) packed as the A
+// scaled by cb to log2 units, keys from `valid` on masked, the running max (m) and, with SUM_L,
+// the sum (l) updated, alpha = 2^(m_old - m) returned in a, and P = e4m3(256 * 2^(S - m)) packed as the A
 // fragments of the block's two k32 steps. s[4 nt + r] is the mma.sync C register r of n8 tile
 // nt, so the packing is the mma.sync kernel's. dbg(s, 1) sees the masked S, dbg(s, 2) 2^(S - m).
 template <bool FOLD, bool SUM_L, class Dbg>
@@ -397,7 +402,8 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
 // by XOR, so that it is not dropped): twice the softmax's work on two chains per warp, which
 // tells a throughput-bound loop (twice the time) from a latency-bound one (less).
 // FOLD, SUM_L: the scaling folded into the FFMA, and l summed in FP32 from the unrounded P, by
-// default as the block loop does; a one-block tile takes neither (its P on the reference's grid).
+// default as the block loop does; a one-block tile takes <false, true>, unfolded with l in FP32
+// (its P on the reference's grid).
 template <bool FOLD = FOLD_SCALE, bool SUM_L = !L_IN_CORE || EXACT_L, class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
@@ -818,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const float lse_l1 = tensor_l && !EXACT_L ? o_l1 : l1 * fp32_scale;
       // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live (a warp-wide
       // vote: write_rows shuffles across the warp)
-      if (!(DBG_PERF & 32) || __any_sync(0xffffffffu, o[0] == 1234.5f && l0 == 1234.5f))
+      if (!(DBG_PERF & 32) || __any_sync(0xffffffffu, o[0] == 1234.5f && o_l0 == 1234.5f))
         write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, o_l0, o_l1, lse_l0,
                        lse_l1, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
 #endif
