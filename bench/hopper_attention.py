@@ -126,12 +126,8 @@ def stage_first():
 
 def _with_variant(variant, fn):
     """fn() with the operator's form-3 launches built with `variant` defines."""
-    original = hopper.launch
-    hopper.launch = lambda call, n_tiles, maps, values, variant_=(): original(call, n_tiles, maps, values, variant)
-    try:
+    with hopper.use_build(variant):
         return fn()
-    finally:
-        hopper.launch = original
 
 
 def _mismatches(got, want, tol, what, n=8):

@@ -262,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     cp_async_wait<0>();
     __syncthreads();  // the ring and the Q tile are reused by the next tile
 
+    row_sums(l0, l1);
     write_rows<HD>([&](int ct, int r) { return o[ct][r]; }, row0, end, t, m0, m1, l0, l1, l0, l1, s_v, mu, q, out,
                    lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
   }

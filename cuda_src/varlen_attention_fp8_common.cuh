@@ -54,11 +54,20 @@ __device__ __forceinline__ float row_lse(float m, float l, float dot, float soft
   return fmaf(softmax_scale, dot, (m + log2f(l)) * 0.6931471805599453f);
 }
 
+// A row's sum from the shares of its 4 lanes (lanes 4g .. 4g + 3 hold rows g and g + 8), in each.
+__device__ __forceinline__ void row_sums(float& l0, float& l1) {
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+  }
+}
+
 // The epilogue of a lane's two query rows row0 and row1 = row0 + 8 (rows >= end are not written):
 // o(ct, r) is its O accumulator of n8 channel tile ct, register r (r < 2: row0, channel
-// 8 ct + 2t + r; r >= 2: row1, channel 8 ct + 2t + r - 2); m and l (this lane's share) are the
-// rows' running max and sum, lse_l the sum the lse takes (l but for a kernel whose O divides by
-// the sum of its rounded P). Writes out and, with lse non-null, lse. pitch: elements between
+// 8 ct + 2t + r; r >= 2: row1, channel 8 ct + 2t + r - 2); m and l are the rows' running max and
+// whole sum (row_sums), lse_l the sum the lse takes (l but for a kernel whose O divides by the
+// sum of its rounded P). Writes out and, with lse non-null, lse. pitch: elements between
 // consecutive tokens of q and out; q_first: a row of the segment, read in place of rows past it.
 template <int HDIM, class Acc>
 __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, float m0, float m1, float l0, float l1,
@@ -67,15 +76,6 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
                                            u16* out, float* __restrict__ lse, int seg, int h, int heads, i64 pitch,
                                            int tokens, int q_first, float softmax_scale) {
   const int row1 = row0 + 8;
-#pragma unroll
-  for (int x = 1; x < 4; x <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    if (lse != nullptr) {
-      lse_l0 += __shfl_xor_sync(0xffffffffu, lse_l0, x);
-      lse_l1 += __shfl_xor_sync(0xffffffffu, lse_l1, x);
-    }
-  }
   // out = bf16(O * s_v / (256 * l)), the contract's single rounding to bf16; l >= 1 on every
   // written row. The FP32 quotient goes through one reciprocal per row (it may differ from the
   // division by an FP32 ulp): 64 IEEE divisions per lane cost each work tile about a microsecond.

@@ -70,6 +70,7 @@
 #define K_BYTES (STAGE_KEYS * HD)
 #define STAGE_BYTES (2 * K_BYTES)  // K rows, then V^T rows (128 channels x 128 keys)
 #define ONES_BYTES 1024            // after the ring: e4m3 1.0 in every byte, L_IN_CORE's B operand
+static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the ones tile, a word each");
 
 // Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
 // writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
@@ -196,16 +197,17 @@ __device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows
 
 // P . V of one 64-key block into the zeroed partial `part`, issued, not waited for. v_keys: the
 // block's first key column in the stage's V^T rows.
-// L_IN_CORE: also P . 1 into the zeroed lp, each row's sum of its rounded P (ones: the all-ones
-// tile, whose every byte is 1.0, so that any row and K step of its descriptor reads ones).
+// L_IN_CORE and with_l (a constant at every call): also P . 1 into the zeroed lp, each row's sum
+// of its rounded P (ones: the descriptor of the all-ones tile, whose every byte is 1.0, so that
+// every K step reads ones from the same address).
 __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys, float (&lp)[4],
-                                         u32 ones) {
+                                         u64 ones, bool with_l) {
   if (DBG_PERF & 4) return;
   const u32 dv = wgmma_desc_lo(v_keys);
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk) {
     wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc_at(dv, 32 * kk), O_IN_CORE || kk > 0);
-    if (L_IN_CORE) wgmma_m64n8k32_e4m3_rs(lp, pa[kk], wgmma_desc_at(wgmma_desc_lo(ones), 32 * kk), kk > 0);
+    if (L_IN_CORE && with_l) wgmma_m64n8k32_e4m3_rs(lp, pa[kk], ones, kk > 0);
   }
 }
 
@@ -442,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
   const int wg = threadIdx.x >> 7;
-  if (L_IN_CORE && threadIdx.x >= 128) {  // 256 consumer threads, one word each
+  if (L_IN_CORE && threadIdx.x >= 128) {  // the consumer threads, one word each
     *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
     fence_proxy_async_shared();
   }
@@ -505,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     u32 phase = 0, q_phase = 0;
     float part[64];  // one 64-key block's P V (the first k32 step overwrites it)
     float lp[4] = {0.f, 0.f, 0.f, 0.f};  // with L_IN_CORE its P . 1
+    const u64 ones_desc = wgmma_desc(ones);
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
 #if PINGPONG
@@ -516,6 +519,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const int end = q_bounds[seg + 1], kb0 = block_offset[seg];
       const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS;
       [[maybe_unused]] const int n_blocks = (len + BKV - 1) / BKV;
+      const bool one_block = ONE_BLOCK_SYNC && n_blocks == 1;  // CTA-uniform: S on mma.sync, l in FP32
       const int row0 = q0 + 64 * consumer + 16 * warp + g, row1 = row0 + 8;  // this lane's two query rows
       // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written
       const float c0 = row0 < end ? s_q[(i64)row0 * heads + h] * scale_log2 : 0.f;
@@ -570,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, len - j * BKV, t, show);
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(acc, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV, lp, ones);
+        issue_pv(acc, pa, ring + stage * STAGE_BYTES + K_BYTES + (j & 1) * BKV, lp, ones_desc, !sync_s);
         wgmma_commit();
         wgmma_wait<0>();
         add_block(o, part, a0, a1, lt0, lt1, lp, !sync_s);
@@ -584,14 +588,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       };
 #if !OVERLAP && !S128
       // The one-block tile apart from the loop: a branch inside it cost the loop 7% (H200).
-      if (ONE_BLOCK_SYNC && n_blocks == 1) {  // CTA-uniform
+      if (one_block) {
         block(0, true);
       } else {
 #pragma unroll 1
         for (int j = 0; j < n_blocks; ++j) block(j, false);
       }
 #else
-      if (ONE_BLOCK_SYNC && n_blocks == 1) {  // CTA-uniform: as above, apart from the pipelined loop
+      if (one_block) {  // as above, apart from the pipelined loop
         block(0, true);
       } else {
 #if S128 == 2
@@ -630,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (prev_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
         if (st > 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
         wgmma_fence();
-        issue_pv(part, pa, stage_base + K_BYTES, lp, ones);
+        issue_pv(part, pa, stage_base + K_BYTES, lp, ones_desc, true);
         wgmma_commit();
         softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
                       [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
@@ -655,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
-        issue_pv(part, pb, stage_base + K_BYTES + BKV, lp, ones);  // P 0 without a high half
+        issue_pv(part, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true);  // P 0 without a high half
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);
@@ -702,7 +706,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
-        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones);
+        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true);
         wgmma_commit();
         softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
                       [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
@@ -726,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV, lp, ones);  // P 0 without a high half
+        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true);  // P 0 without a high half
         wgmma_commit();
         issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
         wgmma_commit();
@@ -762,7 +766,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
-        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV, lp, ones);  // j = 0: P 0
+        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV, lp, ones_desc, true);  // j = 0: P 0
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
@@ -797,7 +801,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       // the last block's P V; it ends its stage
       wgmma_fence();
-      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV, lp, ones);
+      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV, lp, ones_desc, true);
       wgmma_commit();
       wgmma_wait<0>();
       add_block(o, part, a0, a1, lt0, lt1, lp, true);
@@ -812,14 +816,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
 #endif
 #if !DBG_STORE
-      // O's l and the lse's: FP32 sums of this lane's share of the unrounded P (biased by 2^8 with
-      // FOLD_256), or with L_IN_CORE the tensor core's whole sums of the rounded P (always biased),
-      // times 1/4 in each of the row's 4 lanes (write_rows adds them), except in a one-block tile;
-      // EXACT_L (the build for an lse) sums both, the lse taking the FP32 one. Exact scalings.
-      const bool tensor_l = L_IN_CORE && !(ONE_BLOCK_SYNC && n_blocks == 1);
+      // O's l and the lse's, whole rows: the FP32 sums of the unrounded P (biased by 2^8 with
+      // FOLD_256; each lane holds a share), or with L_IN_CORE the tensor core's sums of the
+      // rounded P (always biased; each lane holds the whole), except in a one-block tile. EXACT_L
+      // (the build for an lse) keeps both, the lse taking the FP32 one. Exact scalings.
+      const bool tensor_l = L_IN_CORE && !one_block;
+      if (!tensor_l || (EXACT_L && lse != nullptr)) row_sums(l0, l1);
       constexpr float fp32_scale = FOLD_256 ? 1.f / 256.f : 1.f;
-      const float o_l0 = tensor_l ? lt0 * (0.25f / 256.f) : l0 * fp32_scale;
-      const float o_l1 = tensor_l ? lt1 * (0.25f / 256.f) : l1 * fp32_scale;
+      const float o_l0 = tensor_l ? lt0 * (1.f / 256.f) : l0 * fp32_scale;
+      const float o_l1 = tensor_l ? lt1 * (1.f / 256.f) : l1 * fp32_scale;
       const float lse_l0 = tensor_l && !EXACT_L ? o_l0 : l0 * fp32_scale;
       const float lse_l1 = tensor_l && !EXACT_L ? o_l1 : l1 * fp32_scale;
       // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live (a warp-wide

@@ -112,12 +112,10 @@ def test_map_parameters_sit_where_the_entry_expects_them():
 @pytest.fixture
 def fake_kernels(monkeypatch):
     """fake_kernels(sms, cluster): the launch layer sees a device of `sms` SMs and clusters of
-    `cluster` CTAs without building anything; the plans made from it leave with the test."""
+    `cluster` CTAs without building anything."""
     def fake(sms, cluster):
         monkeypatch.setattr(hopper, "kernels", lambda device_id, variant=(): (None, None, None, sms, cluster))
-        hopper._plans.clear()
-    yield fake
-    hopper._plans.clear()
+    return fake
 
 
 class FakeCall:

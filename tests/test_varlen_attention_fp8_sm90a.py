@@ -7,6 +7,8 @@ of one 64-key block, whose S comes from mma.sync; P V: 64 keys per partial), so 
 not the mma.sync forms' bits; it is held to the attention's settled
 bounds (h3kernels.testing.checks.attention_misses: rel L2 from the reference, and against exact
 attention at most 1.1x the reference's own error)."""
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -158,15 +160,31 @@ def test_varlen_form_3_elsewhere_is_a_value_error(monkeypatch, arch):
         targets.attention_mma_form(0, 3)
 
 
+def test_use_build_sets_the_variant_of_launches_given_none(monkeypatch):
+    """use_build: the variant of the block's launches (and of none outside it); a call that wants
+    the lse takes that variant's EXACT_L build."""
+    built = []
+
+    class Kernel:
+        def launch(self, *a):
+            pass
+
+    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: built.append(variant) or (Kernel(), 4))
+    call = types.SimpleNamespace(device_id=0, stream_ptr=0)
+    values = [0] * (len(hopper.PARAMS) - 3)
+    with_lse = list(values)
+    with_lse[hopper.LSE_VALUE] = 1234
+    variant = (("MAX_TREE", 0), ("S128", 0))
+    hopper.launch(call, 8, (), values)
+    with hopper.use_build(variant):
+        hopper.launch(call, 8, (), values)
+        hopper.launch(call, 8, (), with_lse)
+        hopper.launch(call, 8, (), values, ())  # given: as given
+    hopper.launch(call, 8, (), values)
+    assert built == [(), variant, (("EXACT_L", 1), *variant), (), ()]
+
+
 # --- results (compute capability 9.0) ------------------------------------------------------------
-
-def use_build(monkeypatch, variant):
-    """Form 3's launches through the build `variant` (its kernels cached per variant) in place of
-    the default, for the rest of the test."""
-    original = hopper.launch
-    monkeypatch.setattr(hopper, "launch", lambda call, n_tiles, maps, values, variant_=(): original(
-        call, n_tiles, maps, values, variant))
-
 
 def run3(q, k, v, cu_dev, cu, **kw):
     """Form 3 into a NaN-poisoned out."""
@@ -245,14 +263,14 @@ def test_varlen_sm90a_is_near_form_0_and_repeatable(seed):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("variant", hopper.VARIANTS, ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
-def test_varlen_sm90a_schedules_give_the_default_bits(variant, monkeypatch, seed):
+def test_varlen_sm90a_schedules_give_the_default_bits(variant, seed):
     """Every other schedule of VARIANTS (the block loop, OVERLAP, PINGPONG, S128 2, ...) gives the
     default build's bits, lse included: segments with a masked high half (129, 300), one-block
     segments (1, 64) and an empty one."""
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 300, 1], 8, device="cuda", seed=seed)
     want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-    use_build(monkeypatch, variant)
-    got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    with hopper.use_build(variant):
+        got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     torch.cuda.synchronize()
     assert torch.isfinite(want.float()).all()
     assert same_bits(got, want) and same_bits(lse, want_lse)
@@ -297,7 +315,7 @@ def test_varlen_sm90a_lse_with_out_aliasing_q(seed):
 @needs_sm90
 @pytest.mark.parametrize("variant", [(), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0))],
                          ids=["default", "unfolded", "unfolded_l_fp32"])
-def test_varlen_sm90a_huge_scores_stay_finite(variant, seed, monkeypatch):
+def test_varlen_sm90a_huge_scores_stay_finite(variant, seed):
     """Queries scaled by 1e30: S stays finite in FP32 and P is one-hot per row, so each such row
     is one key's dequantized v. The tensor core sums S to about 2^-14 of its largest term, so
     where a row's two best keys lie within 2^-10 of each other either may win, or both (equal P
@@ -306,8 +324,8 @@ def test_varlen_sm90a_huge_scores_stay_finite(variant, seed, monkeypatch):
     the maximum's P there instead of losing it."""
     q, k, v, cu_dev, cu = make_attention_inputs([200, 150], 2, device="cuda", seed=seed)
     q[200:] = (q[200:].float() * 1e30).bfloat16()
-    use_build(monkeypatch, variant)
-    got = run3(q, k, v, cu_dev, cu)
+    with hopper.use_build(variant):
+        got = run3(q, k, v, cu_dev, cu)
     want = R.attention_fp8(q, k, v, cu)
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()

@@ -5,6 +5,7 @@ constant of that source and the TMA tensor maps the GEMMs take.
 A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_fp8.py does
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
+import functools
 from typing import NamedTuple
 
 from h3kernels._launch.tma import tensor_map
@@ -90,7 +91,7 @@ def set_constants(text):
     SMEM_BYTES = smem_bytes(defines())
     DYNAMIC_SMEM.update(h3_mlp_fc1_wgmma=SMEM_BYTES, h3_mlp_fc2_wgmma=SMEM_BYTES)
     _kernels.clear()
-    _plans.clear()
+    _plan.cache_clear()
 
 
 def kernels(device_id, variant=()):
@@ -180,30 +181,30 @@ class Plan(NamedTuple):
     workspace_bytes: int  # counters and partial sums, shared by the two GEMMs; 0: neither splits
 
 
-_plans = compiler.cache({})  # (device id, M, variant) -> Plan
-
-
 def plan(device_id, m, variant=()):
     """The Plan of the two GEMMs at M rows on a device (work_split per GEMM)."""
-    p = _plans.get((device_id, m, variant))
-    if p is None:
-        *_, slots, cluster = kernels(device_id, variant)
-        d = defines(**dict(variant))
-        split, whole, counters, partials = [], [], 0, 0
-        for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
-            groups = tile_groups(m, n_tiles, cluster)
-            done, parts = work_split(groups, slots // cluster, k // d["BK"], part_slices(d))
-            units = done + (groups - done) * parts
-            split.append((cluster * min(units, slots // cluster), done, parts))
-            whole.append((cluster * min(groups, slots // cluster), groups, 1))
-            if parts > 1:
-                tiles = (groups - done) * cluster
-                counters = max(counters, 2 * tiles * COUNTER_BYTES)
-                partials = max(partials, tiles * parts * PARTIAL_BYTES)
-        counters = -(-counters // ALIGN) * ALIGN
-        p = _plans[(device_id, m, variant)] = Plan(tuple(split), tuple(whole), counters,
-                                                    counters + partials if partials else 0)
-    return p
+    *_, slots, cluster = kernels(device_id, variant)
+    return _plan(m, slots, cluster, variant)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(m, slots, cluster, variant):
+    """plan() for `slots` resident CTAs in clusters of `cluster` (cached per M, as the scratch
+    layouts are; set_constants clears it)."""
+    d = defines(**dict(variant))
+    split, whole, counters, partials = [], [], 0, 0
+    for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
+        groups = tile_groups(m, n_tiles, cluster)
+        done, parts = work_split(groups, slots // cluster, k // d["BK"], part_slices(d))
+        units = done + (groups - done) * parts
+        split.append((cluster * min(units, slots // cluster), done, parts))
+        whole.append((cluster * min(groups, slots // cluster), groups, 1))
+        if parts > 1:
+            tiles = (groups - done) * cluster
+            counters = max(counters, 2 * tiles * COUNTER_BYTES)
+            partials = max(partials, tiles * parts * PARTIAL_BYTES)
+    counters = -(-counters // ALIGN) * ALIGN
+    return Plan(tuple(split), tuple(whole), counters, counters + partials if partials else 0)
 
 
 def walk(call, m, gemm, variant, split, whole_tiles):

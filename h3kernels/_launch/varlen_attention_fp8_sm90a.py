@@ -5,6 +5,8 @@ source and its three tensor maps (q8, k8, v8t of the workspace).
 The quantization passes, the workspace and the plan are the mma.sync kernel's
 (h3kernels/_launch/varlen_attention_fp8.py, whose _attend sends form 3 here).
 """
+import contextlib
+
 from h3kernels._launch import varlen_attention_fp8_plan as plan
 from h3kernels._launch.tma import tensor_map
 from h3kernels._runtime import compiler
@@ -123,12 +125,30 @@ def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch):
 
 
 LSE_VALUE = 9  # values[LSE_VALUE] in launch(): the lse pointer (0: not wanted)
+_build = [()]  # the variant of launches given none (use_build)
 
 
-def launch(call, n_tiles, the_maps, values, variant=()):
+@contextlib.contextmanager
+def use_build(variant):
+    """Within the block, launches given no variant take `variant` (sorted (name, value) pairs
+    overriding defines()): tests and benches run other builds through the operator."""
+    previous, _build[0] = _build[0], tuple(variant)
+    try:
+        yield
+    finally:
+        _build[0] = previous
+
+
+def build(variant=None):
+    """The variant a launch runs: `variant`, else use_build's."""
+    return _build[0] if variant is None else variant
+
+
+def launch(call, n_tiles, the_maps, values, variant=None):
     """The kernel on the call's stream over n_tiles plan tiles, a persistent grid of at most one
-    CTA per SM. values: the parameters after the maps (PARAMS). A call that wants the lse runs
-    the EXACT_L build of `variant`."""
+    CTA per SM. values: the parameters after the maps (PARAMS); variant: build(variant). A call
+    that wants the lse runs the EXACT_L build of that variant."""
+    variant = build(variant)
     if values[LSE_VALUE]:
         variant = tuple(sorted({**dict(variant), "EXACT_L": 1}.items()))
     f, sms = attention_kernel(call.device_id, variant)

@@ -275,7 +275,7 @@ def check_mlp_y_wgmma(a_q, a_scale, w1_q, w1_scale, y, tag):
         bad = ~(err <= bound)
         assert not bad.any(), (f"{tag}: y outside the wgmma accumulation bound", [
             (r0 + i, j, float(err[i, j]), float(bound[i, j])) for i, j in bad.nonzero()[:5].tolist()])
-        want = R.fc1_swiglu(a_q[sl], a_scale[sl], w1_q, w1_scale)
+        want = R.fc1_swiglu(a_q[sl], a_scale[sl], w64, w1_scale)  # exact_dot takes float64 as it is
         assert not ((want.to(torch.float64) - exact).abs() > bound_ref).any()
         over += int((bf16_ulps(y[sl], want) > 1).sum())
         n += want.numel()

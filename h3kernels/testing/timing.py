@@ -206,7 +206,8 @@ def attention_kernel_alone(call):
     got = {}
     hopper_launch, mma_sync_kernel = hopper.launch, mma_sync.attention_kernel
 
-    def record_hopper(launch_call, n_tiles, maps, values, variant=()):
+    def record_hopper(launch_call, n_tiles, maps, values, variant=None):
+        variant = hopper.build(variant)  # the replay keeps the build of the recorded call
         got["fn"] = lambda: hopper_launch(launch_call, n_tiles, maps, values, variant)
         return hopper_launch(launch_call, n_tiles, maps, values, variant)
 
