@@ -56,7 +56,8 @@
 #if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(STAGES) || !defined(TILE_INTS) || \
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
-    !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L)
+    !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L) || \
+    !defined(MAX_AHEAD)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -113,8 +114,9 @@ static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the
 #if O_IN_CORE && (OVERLAP || S128 == 2 || DBG_STORE)
 #error "O_IN_CORE takes the block loop's or S128 1's order"
 #endif
-#if (FOLD_SCALE != 0 && FOLD_SCALE != 1) || (L_IN_CORE != 0 && L_IN_CORE != 1) || (EXACT_L != 0 && EXACT_L != 1)
-#error "FOLD_SCALE, L_IN_CORE and EXACT_L are 0 or 1"
+#if (FOLD_SCALE != 0 && FOLD_SCALE != 1) || (L_IN_CORE != 0 && L_IN_CORE != 1) || (EXACT_L != 0 && EXACT_L != 1) || \
+    (MAX_AHEAD != 0 && MAX_AHEAD != 1)
+#error "FOLD_SCALE, L_IN_CORE, EXACT_L and MAX_AHEAD are 0 or 1"
 #endif
 #if FOLD_SCALE && !L_IN_CORE
 #error "FOLD_SCALE's huge scores saturate P, which only l summed from the rounded P follows"
@@ -278,44 +280,40 @@ __device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], flo
   }
 }
 
+// Keys from `valid` on (this lane's fragment) to -inf; only a segment's last block has any.
+__device__ __forceinline__ void mask_keys(float (&v)[32], int valid, int t) {
+  if (valid < BKV) {  // CTA-uniform
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) v[i] = neg_inf();
+  }
+}
+
 // The softmax step of one 64-key block, varlen_attention_fp8.cu's arithmetic in its order: S
 // (s, this lane's fragment: register i at row g + 8 ((i / 2) % 2), key 8 (i / 4) + 2t + i % 2)
 // scaled by cb to log2 units, keys from `valid` on masked, the running max (m) and, with SUM_L,
 // the sum (l) updated, alpha = 2^(m_old - m) returned in a, and P = e4m3(256 * 2^(S - m)) packed as the A
 // fragments of the block's two k32 steps. s[4 nt + r] is the mma.sync C register r of n8 tile
 // nt, so the packing is the mma.sync kernel's. dbg(s, 1) sees the masked S, dbg(s, 2) 2^(S - m).
-template <bool FOLD, bool SUM_L, class Dbg>
-__device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
-                                              float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
-                                              int valid, int t, Dbg dbg) {
-  if (DBG_PERF & 2) {
-#pragma unroll
-    for (int kk = 0; kk < BKV / 32; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = 0x38383838u;  // e4m3 1.0
-    a0 = a1 = 1.f;
-    l0 += 1.f;
-    l1 += 1.f;
-    m0 = m1 = 0.f;
-    return;
-  }
+// In parts: lane_max_ (the mask, this lane's maxima), row_max_ (the rows' maxima across lanes,
+// m and alpha) and block_exp_ (l's rescale and sum, P); softmax_block_ runs them in turn. The
+// S128 loop (MAX_AHEAD) takes both halves' lane maxima, then both row maxima, so that their
+// reductions and shuffles overlap instead of running one after the other; the values are the
+// same (fmaxf is exact, and the high half still takes the max after the low half's).
+
+// This lane's maxima of its two rows' (masked, with FOLD unscaled) scores in the block.
+template <bool FOLD, class Dbg>
+__device__ __forceinline__ void lane_max_(float (&s)[32], float& mx0, float& mx1, float cb0, float cb1, int valid,
+                                          int t, Dbg dbg) {
   // FOLD (FOLD_SCALE): s stays unscaled: the block maximum of the scaled scores is cb times the
   // unscaled one (cb >= 0, and rounding is monotonic), and each score's scaling joins its
-  // subtraction of m in one FFMA; keys past the end are masked again after it (cb may be 0).
+  // subtraction of m in one FFMA (block_exp_); keys past the end are masked again after it (cb may be 0).
   if (!FOLD) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] *= (i & 2) ? cb1 : cb0;
   }
-  auto mask = [&](float (&v)[32]) {
-    if (valid < BKV) {  // CTA-uniform: only a segment's last block has keys to mask
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if (8 * (i >> 2) + 2 * t + (i & 1) >= valid) v[i] = neg_inf();
-    }
-  };
-  mask(s);
+  mask_keys(s, valid, t);
   dbg(s, 1);
-  float mx0 = FOLD ? neg_inf() : m0, mx1 = FOLD ? neg_inf() : m1;
 #if MAX_TREE
   // The same maxima (fmaxf is exact, so any order gives them) in 4 dependent steps, not 16
   float r0[8], r1[8];
@@ -331,9 +329,10 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
       r0[q] = fmaxf(r0[q], r0[q + w]);
       r1[q] = fmaxf(r1[q], r1[q + w]);
     }
-  mx0 = fmaxf(mx0, r0[0]);
-  mx1 = fmaxf(mx1, r1[0]);
+  mx0 = r0[0];
+  mx1 = r1[0];
 #else
+  mx0 = mx1 = neg_inf();
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     if (i & 2)
@@ -342,20 +341,40 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
       mx0 = fmaxf(mx0, s[i]);
   }
 #endif
+}
+
+// The rows' maxima across their 4 lanes, the running max m updated and alpha = 2^(m_old - m).
+template <bool FOLD>
+__device__ __forceinline__ void row_max_(float mx0, float mx1, float& m0, float& m1, float& a0, float& a1,
+                                         float cb0, float cb1) {
 #pragma unroll
   for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
   }
-  if (FOLD) {  // a block with every key masked: -inf * cb, or NaN where cb = 0; fmaxf keeps m
-    mx0 = fmaxf(m0, mx0 * cb0);
-    mx1 = fmaxf(m1, mx1 * cb1);
-  }
+  // With FOLD, a block with every key masked gives -inf * cb, or NaN where cb = 0: fmaxf keeps m
+  mx0 = fmaxf(m0, FOLD ? mx0 * cb0 : mx0);
+  mx1 = fmaxf(m1, FOLD ? mx1 * cb1 : mx1);
   // Block 0 always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
   a0 = ex2(m0 - mx0);
   a1 = ex2(m1 - mx1);
   m0 = mx0;
   m1 = mx1;
+}
+
+template <bool FOLD, class Dbg>
+__device__ __forceinline__ void block_max_(float (&s)[32], float& m0, float& m1, float& a0, float& a1, float cb0,
+                                           float cb1, int valid, int t, Dbg dbg) {
+  float mx0, mx1;
+  lane_max_<FOLD>(s, mx0, mx1, cb0, cb1, valid, t, dbg);
+  row_max_<FOLD>(mx0, mx1, m0, m1, a0, a1, cb0, cb1);
+}
+
+// m: the max after this block (block_max_'s); a: its alpha.
+template <bool FOLD, bool SUM_L, class Dbg>
+__device__ __forceinline__ void block_exp_(float (&s)[32], u32 (&pa)[BKV / 32][4], float m0, float m1, float& l0,
+                                           float& l1, float a0, float a1, float cb0, float cb1, int valid, int t,
+                                           Dbg dbg) {
   if (SUM_L) {  // else add_block takes l's rescale and sum (L_IN_CORE)
     l0 *= a0;
     l1 *= a1;
@@ -375,7 +394,7 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
   if (FOLD) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = (i & 2) ? fmaf(s[i], cb1, -e1) : fmaf(s[i], cb0, -e0);
-    mask(s);
+    mask_keys(s, valid, t);
   }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -400,13 +419,33 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
   }
 }
 
+template <bool FOLD, bool SUM_L, class Dbg>
+__device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
+                                              float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
+                                              int valid, int t, Dbg dbg) {
+  if (DBG_PERF & 2) {
+#pragma unroll
+    for (int kk = 0; kk < BKV / 32; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = 0x38383838u;  // e4m3 1.0
+    a0 = a1 = 1.f;
+    l0 += 1.f;
+    l1 += 1.f;
+    m0 = m1 = 0.f;
+    return;
+  }
+  block_max_<FOLD>(s, m0, m1, a0, a1, cb0, cb1, valid, t, dbg);
+  block_exp_<FOLD, SUM_L>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, dbg);
+}
+
 // DBG_PERF 16: a second, independent softmax of the same block beside each one (its P folded in
 // by XOR, so that it is not dropped): twice the softmax's work on two chains per warp, which
 // tells a throughput-bound loop (twice the time) from a latency-bound one (less).
 // FOLD, SUM_L: the scaling folded into the FFMA, and l summed in FP32 from the unrounded P, by
 // default as the block loop does; a one-block tile takes <false, true>, unfolded with l in FP32
 // (its P on the reference's grid).
-template <bool FOLD = FOLD_SCALE, bool SUM_L = !L_IN_CORE || EXACT_L, class Dbg>
+#define SUM_L_DEFAULT (!L_IN_CORE || EXACT_L)
+template <bool FOLD = FOLD_SCALE, bool SUM_L = SUM_L_DEFAULT, class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
                                               int valid, int t, Dbg dbg) {
@@ -703,13 +742,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (st == n_stages - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last S is done
         const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
         const bool has_hi = valid > BKV;          // CTA-uniform
-        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
+        const float cb0 = c0 * sk, cb1 = c1 * sk;
+        const auto nodbg = [](const float (&)[32], int) {};
+#if MAX_AHEAD && !(DBG_PERF & 18)
+        // Both halves' maxima first (their reductions and shuffles overlap), then each half's P
+        float x0, x1, y0, y1;
+        lane_max_<FOLD_SCALE>(s, x0, x1, cb0, cb1, valid, t, nodbg);
+        lane_max_<FOLD_SCALE>(s_hi, y0, y1, cb0, cb1, valid - BKV, t, nodbg);  // no keys: -inf, m kept, b 1
+        row_max_<FOLD_SCALE>(x0, x1, m0, m1, a0, a1, cb0, cb1);
+        const float mlo0 = m0, mlo1 = m1;  // the max after the low half, which its P takes
+        row_max_<FOLD_SCALE>(y0, y1, m0, m1, b0, b1, cb0, cb1);
+        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s, pa, mlo0, mlo1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
         issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true);
         wgmma_commit();
-        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
-                      [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
+        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t, nodbg);
+#else
+        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
+        float(&acc)[64] = pv_target(o, part, a0, a1);
+        wgmma_fence();
+        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true);
+        wgmma_commit();
+        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t,
+                      nodbg);  // no keys past the end: P 0, m and l as they were
+#endif
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1, lt0, lt1, lp, true);

@@ -62,6 +62,8 @@ EXACT_L = 0  # 1 (with L_IN_CORE): the loop also sums l in FP32 from the unround
 # build for a call that wants the lse, which the contract defines on the unrounded sum
 MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent steps, not 16); exact
 # either way, so the same maximum and the same result
+MAX_AHEAD = 1  # 1: the S128 loop takes both 64-key halves' maxima before either half's P, so that
+# their reductions and shuffles overlap (the same maxima in the same order: the same result)
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
 # serialized by a ptxas we build with (12.8, the cuda12 extra's, and 12.9): their pipelined loops
 # issue every wgmma on every path (one issued under a condition while others were in flight had
@@ -70,8 +72,8 @@ MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent step
 # (so other bits), measured for their error and time. bench/hopper_attention.py checks and times both;
 # tests/test_varlen_attention_fp8_sm90a.py builds both (no spills, no serialized wgmma, no wgmma
 # register touched in flight). docs/hopper.md has the figures.
-VARIANTS = ((("MAX_TREE", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),), (("PINGPONG", 1), ("S128", 2)),
-            (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
+VARIANTS = ((("MAX_TREE", 0),), (("MAX_AHEAD", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),),
+            (("PINGPONG", 1), ("S128", 2)), (("S128", 0),), (("OVERLAP", 1), ("S128", 0)), (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),))
 ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 1)),
@@ -93,8 +95,8 @@ def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
-             MAX_TREE=MAX_TREE, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC, FOLD_256=FOLD_256,
-             FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
+             MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
+             FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
              H3_MMA_FORM=0)
     d.update(variant)
     return d
