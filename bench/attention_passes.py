@@ -1,7 +1,8 @@
 """The attention's quantization passes against the HBM bandwidth of the same run: each pass alone
 and all passes together, the bytes each moves, GB/s, and that over a torch device-to-device copy
-of the same bytes (the figure: at least 0.70 wanted), timed on the operator's launch path
-(_launch.varlen_attention_fp8.quant_launches into a workspace of our own).
+of the same bytes (the figure; testing.timing.QUANT_PASSES_OF_COPY_WANTED is the share wanted),
+timed on the operator's launch path (_launch.varlen_attention_fp8.quant_launches into a workspace
+of our own).
 
 Before timing, the workspace's outputs of a checked set (ragged segments, partial key blocks, a K
 offset, zero channels and rows) are compared bitwise with h3kernels.reference on the CPU; a
@@ -23,8 +24,8 @@ import torch
 from h3kernels import reference as R
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks
 from h3kernels.testing.inputs import make_attention_inputs
-from h3kernels.testing.timing import QUANT_PASSES_OF_COPY_WANTED as WANTED
-from h3kernels.testing.timing import QuantPasses, attention_quant_pass_bytes, copy_bandwidth_gbs, occupy_gpu
+from h3kernels.testing.timing import (QUANT_PASSES_OF_COPY_WANTED as WANTED, QuantPasses, attention_quant_pass_bytes,
+                                      copy_bandwidth_gbs, occupy_gpu)
 
 from bench_attention import SETS
 from bench_common import log

@@ -71,17 +71,18 @@ def gemms(call, m, o, variant, split=True):
     """FC1 and FC2 launches; split: the last wave's tiles split over K as the operator does
     (a zeroed workspace made once here, which every launch leaves zeroed), else every tile whole."""
     p = arrays.data_ptr
-    ws = None
-    size = hopper.plan(call.device_id, m, variant).workspace_bytes
-    if split and size:
-        o["split"] = torch.zeros(size, dtype=torch.uint8, device="cuda")
-        ws = p(o["split"])
+    held = hopper.workspace(call, m, variant) if split else None
+    ws = None if held is None else p(held)
     whole = not split
-    fc1 = lambda: hopper.launch_fc1(call, m, p(o["a_q"]), p(o["a_s"]), p(o["w1"]), p(o["s1"]), p(o["y"]), variant,  # noqa
-                                    split=ws, whole_tiles=whole)
-    fc2 = lambda: hopper.launch_fc2_gemm(call, m, p(o["y_q"]), p(o["y_s"]), p(o["w2"]), p(o["s2"]), o["gate"],  # noqa
-                                         p(o["idx"]), p(o["residual"]), p(o["out"]), variant, split=ws,
-                                         whole_tiles=whole)
+    def fc1():
+        hopper.launch_fc1(call, m, p(o["a_q"]), p(o["a_s"]), p(o["w1"]), p(o["s1"]), p(o["y"]), variant, split=ws,
+                          whole_tiles=whole)
+
+    def fc2():
+        hopper.launch_fc2_gemm(call, m, p(o["y_q"]), p(o["y_s"]), p(o["w2"]), p(o["s2"]), o["gate"], p(o["idx"]),
+                               p(o["residual"]), p(o["out"]), variant, split=ws, whole_tiles=whole)
+
+    fc1.held = fc2.held = held  # the workspace lives as long as the launches
     return fc1, fc2
 
 
@@ -125,8 +126,8 @@ def main():
         for name, variant, split in runs:
             if name + "_error" in res:
                 continue
-            fc1, fc2 = gemms(call, m, o, variant, split)
-            try:
+            try:  # gemms builds the variant (plan): a build error is this variant's
+                fc1, fc2 = gemms(call, m, o, variant, split)
                 t1, t2 = median_ms(fc1, warmup=3, reps=10), median_ms(fc2, warmup=3, reps=10)
             except Exception as err:  # one variant's failure does not stop the others
                 res[name + "_error"] = f"{type(err).__name__}: {str(err)[-300:]}"

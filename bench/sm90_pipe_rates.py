@@ -7,8 +7,9 @@ python bench/sm90_pipe_rates.py   (docs/hopper.md, "What bounds the loop", has t
 import cupy as cp
 import numpy as np
 
+CH, UNROLL = 4, 8  # independent chains per array and operation, rounds of them per loop trip
+SCHEDULERS = 4  # per SM on sm_90
 SRC = r'''
-#define CH 4
 #define OP(name, body) __device__ __forceinline__ void name(unsigned& x) { asm volatile(body : "+r"(x)); }
 OP(ex2, "ex2.approx.ftz.f32 %0, %0;")
 OP(ex2h2, "ex2.approx.f16x2 %0, %0;")
@@ -26,7 +27,7 @@ __device__ __forceinline__ void fmax(unsigned& x, unsigned y) { asm volatile("ma
       b[i] = a[i] + 1; c[i] = a[i] + 2; d[i] = a[i] + 3; e[i] = a[i] + 4;                            \
     }                                                                                                \
     for (int it = 0; it < iters; ++it) {                                                             \
-      _Pragma("unroll") for (int r = 0; r < 8; ++r) {                                                \
+      _Pragma("unroll") for (int r = 0; r < UNROLL; ++r) {                                             \
         _Pragma("unroll") for (int i = 0; i < CH; ++i) { GROUP; }                                    \
       }                                                                                              \
     }                                                                                                \
@@ -55,7 +56,7 @@ NAMES = [line.split("(")[1].split(",")[0] for line in SRC.splitlines() if line.s
 
 
 def main():
-    mod = cp.RawModule(code=SRC, options=("--gpu-architecture=sm_90a",))
+    mod = cp.RawModule(code=SRC, options=("--gpu-architecture=sm_90a", f"-DCH={CH}", f"-DUNROLL={UNROLL}"))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     clock_hz = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrClockRate, 0) * 1e3
     out, threads, iters = cp.zeros(1024, cp.float32), 256, 2000  # 8 warps a SM: 2 per scheduler
@@ -72,7 +73,7 @@ def main():
             b.record()
             b.synchronize()
             best = min(best, cp.cuda.get_elapsed_time(a, b) * 1e-3)
-        groups_per_scheduler = iters * 8 * 4 * (threads // 32) / 4  # unrolled 8 x CH groups a warp
+        groups_per_scheduler = iters * UNROLL * CH * (threads // 32) / SCHEDULERS
         print(f"{name:24s} {best * 1e3:7.3f} ms  {best * clock_hz / groups_per_scheduler:5.2f} clocks")
 
 

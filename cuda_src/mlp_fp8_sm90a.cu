@@ -220,8 +220,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       tma_prefetch_map(map_b);
       int stage = 0;
       u32 phase = 0;
-      for (int u = group0; u < units; u += group_step) {
-        const WorkUnit w = work_unit(u, split, K / BK);
+      for (int unit = group0; unit < units; unit += group_step) {
+        const WorkUnit w = work_unit(unit, split, K / BK);
         int m0, n0;
         tile_origin(w.tile, groups_m, n_tiles, m0, n0);
         m0 = m0 * CLUSTER_M + rank * BM;
@@ -289,8 +289,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = 0.f;
 #endif
-    for (int u = group0; u < units; u += group_step) {
-      const WorkUnit w = work_unit(u, split, K / BK);
+    for (int unit = group0; unit < units; unit += group_step) {
+      const WorkUnit w = work_unit(unit, split, K / BK);
       const int kb_begin = w.kb_begin, kb_end = w.kb_end;
       int m0, n0;
       tile_origin(w.tile, groups_m, n_tiles, m0, n0);
@@ -397,7 +397,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
           }
           wgmma_commit();
           wgmma_wait<1>();  // the previous slice is done: free its stage
-          if (kb > kb_begin && lane == 0) mbar_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
+          if (kb > kb_begin && lane == 0) release(stage == 0 ? STAGES - 1 : stage - 1);
           if (kb == kb_end - 1) {
             wgmma_wait<0>();
           } else {
@@ -425,20 +425,13 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #endif
           }
 #endif
-          if (lane == 0) {
-#if CLUSTER_M == 2
-            mbar_arrive_cluster(&empty[stage], 0);
-            mbar_arrive_cluster(&empty[stage], 1);
-#else
-            mbar_arrive(&empty[stage]);
-#endif
-          }
+          if (lane == 0) release(stage);
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1;
           }
         }
-      } while ((kb0 += KB_STEP * A_SETS) < kb_end);
+      } while ((kb0 += UNIT_SLICES) < kb_end);
       // a split tile's parts but its last end here (combine_parts)
       const bool done = w.part < 0 || combine_parts(acc, split, w.part, (w.tile - split.whole) * CLUSTER_M + rank, consumer);
 #ifdef DBG_NO_EPILOGUE

@@ -205,11 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mx1 = fmaxf(mx1, s[nt][2 + e]);
         }
       }
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-      }
+      row_maxima(mx0, mx1);
       // Block 0 always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
       const float a0 = ex2(m0 - mx0), a1 = ex2(m1 - mx1);
       m0 = mx0;

@@ -63,6 +63,15 @@ __device__ __forceinline__ void row_sums(float& l0, float& l1) {
   }
 }
 
+// A row's maximum from the maxima of its 4 lanes, in each (fmaxf is exact: any order gives it).
+__device__ __forceinline__ void row_maxima(float& m0, float& m1) {
+#pragma unroll
+  for (int x = 1; x < 4; x <<= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, x));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, x));
+  }
+}
+
 // The epilogue of a lane's two query rows row0 and row1 = row0 + 8 (rows >= end are not written):
 // o(ct, r) is its O accumulator of n8 channel tile ct, register r (r < 2: row0, channel
 // 8 ct + 2t + r; r >= 2: row1, channel 8 ct + 2t + r - 2); m and l are the rows' running max and
@@ -106,13 +115,7 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
       *reinterpret_cast<u32*>(out1 + ct * 8) =
           (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16);
   }
-  if (lse != nullptr) {
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-      d0 += __shfl_xor_sync(0xffffffffu, d0, x);
-      d1 += __shfl_xor_sync(0xffffffffu, d1, x);
-    }
-  }
+  if (lse != nullptr) row_sums(d0, d1);
   if (lse != nullptr && t == 0) {
     if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, d0, softmax_scale);
     if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, d1, softmax_scale);

@@ -86,6 +86,7 @@ static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the
 // score's ex2 by a multiplication: which of the loads, the softmax, its special-function unit and
 // the matrix products bounds the loop (docs/hopper.md, "What bounds the loop"); 16 runs each
 // softmax twice (softmax_block), 32 leaves out the epilogue (what a short segment's tiles pay).
+// 2 and 16 take the S128 loop's softmax one half at a time (MAX_AHEAD 0's order).
 #ifndef DBG_PERF
 #define DBG_PERF 0
 #endif
@@ -255,7 +256,7 @@ __device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(pa[kk][r])::"memory");
+    for (int r = 0; r < 4; ++r) fence_regs(pa[kk][r]);
 }
 
 // O = O * alpha + part, once part's wgmmas are waited for (with O_IN_CORE the tensor core has
@@ -347,11 +348,7 @@ __device__ __forceinline__ void lane_max_(float (&s)[32], float& mx0, float& mx1
 template <bool FOLD>
 __device__ __forceinline__ void row_max_(float mx0, float mx1, float& m0, float& m1, float& a0, float& a1,
                                          float cb0, float cb1) {
-#pragma unroll
-  for (int x = 1; x < 4; x <<= 1) {  // the 4 lanes of a row
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-  }
+  row_maxima(mx0, mx1);
   // With FOLD, a block with every key masked gives -inf * cb, or NaN where cb = 0: fmaxf keeps m
   mx0 = fmaxf(m0, FOLD ? mx0 * cb0 : mx0);
   mx1 = fmaxf(m1, FOLD ? mx1 * cb1 : mx1);
@@ -441,10 +438,14 @@ __device__ __forceinline__ void softmax_block_(float (&s)[32], u32 (&pa)[BKV / 3
 // DBG_PERF 16: a second, independent softmax of the same block beside each one (its P folded in
 // by XOR, so that it is not dropped): twice the softmax's work on two chains per warp, which
 // tells a throughput-bound loop (twice the time) from a latency-bound one (less).
-// FOLD, SUM_L: the scaling folded into the FFMA, and l summed in FP32 from the unrounded P, by
-// default as the block loop does; a one-block tile takes <false, true>, unfolded with l in FP32
-// (its P on the reference's grid).
+// FOLD, SUM_L: the scaling folded into the FFMA, and l summed in FP32 from the unrounded P; by
+// default the build's FOLD_SCALE, and SUM_L where O or the lse takes that sum (without L_IN_CORE,
+// or with EXACT_L); a one-block tile takes <false, true>, unfolded with l in FP32 (its P on the
+// reference's grid).
 #define SUM_L_DEFAULT (!L_IN_CORE || EXACT_L)
+// The S128 1 loop's order of the softmax parts (MAX_AHEAD); DBG_PERF 2 and 16 live in
+// softmax_block, so their probes time the one-half-at-a-time order
+#define MAX_AHEAD_ON (MAX_AHEAD && !(DBG_PERF & 18))
 template <bool FOLD = FOLD_SCALE, bool SUM_L = SUM_L_DEFAULT, class Dbg>
 __device__ __forceinline__ void softmax_block(float (&s)[32], u32 (&pa)[BKV / 32][4], float& m0, float& m1,
                                               float& l0, float& l1, float& a0, float& a1, float cb0, float cb1,
@@ -557,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const int len = w[1], q0 = w[2], h = w[3], seg = w[4];
       const int end = q_bounds[seg + 1], kb0 = block_offset[seg];
       const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS;
-      [[maybe_unused]] const int n_blocks = (len + BKV - 1) / BKV;
+      const int n_blocks = (len + BKV - 1) / BKV;
       const bool one_block = ONE_BLOCK_SYNC && n_blocks == 1;  // CTA-uniform: S on mma.sync, l in FP32
       const int row0 = q0 + 64 * consumer + 16 * warp + g, row1 = row0 + 8;  // this lane's two query rows
       // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written
@@ -592,6 +593,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #else
       auto dbg = [](const float (&)[32], int, int) {};
 #endif
+      [[maybe_unused]] const auto nodbg = [](const float (&)[32], int) {};  // the pipelined loops' softmax
       // Each block in turn: S, its softmax, its P V; the two consumer warpgroups interleave.
       // sync_s: S on mma.sync (compute_s_sync), for a segment of one block.
       auto block = [&](int j, bool sync_s) {
@@ -667,7 +669,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (st == n_stages - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last S is done
         const int valid = len - st * STAGE_KEYS;
         const bool has_hi = valid > BKV;
-        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, [](const float (&)[32], int) {});
+        softmax_block(s, pa, m0, m1, l0, l1, a0, a1, c0 * sk, c1 * sk, valid, t, nodbg);
         wgmma_wait<0>();  // the previous stage's high-half P V
         keep_p(pb);
         if (prev_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
@@ -675,8 +677,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_pv(part, pa, stage_base + K_BYTES, lp, ones_desc, true);
         wgmma_commit();
-        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t,
-                      [](const float (&)[32], int) {});  // no keys past the end: P 0, m and l as they were
+        // no keys past the end: P 0, m and l as they were
+        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, c0 * sk, c1 * sk, valid - BKV, t, nodbg);
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1, lt0, lt1, lp, true);
@@ -743,8 +745,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
         const bool has_hi = valid > BKV;          // CTA-uniform
         const float cb0 = c0 * sk, cb1 = c1 * sk;
-        const auto nodbg = [](const float (&)[32], int) {};
-#if MAX_AHEAD && !(DBG_PERF & 18)
+#if MAX_AHEAD_ON
         // Both halves' maxima first (their reductions and shuffles overlap), then each half's P
         float x0, x1, y0, y1;
         lane_max_<FOLD_SCALE>(s, x0, x1, cb0, cb1, valid, t, nodbg);
@@ -753,19 +754,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const float mlo0 = m0, mlo1 = m1;  // the max after the low half, which its P takes
         row_max_<FOLD_SCALE>(y0, y1, m0, m1, b0, b1, cb0, cb1);
         block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s, pa, mlo0, mlo1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
-        float(&acc)[64] = pv_target(o, part, a0, a1);
-        wgmma_fence();
-        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true);
-        wgmma_commit();
-        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t, nodbg);
 #else
         softmax_block(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
+#endif
         float(&acc)[64] = pv_target(o, part, a0, a1);
         wgmma_fence();
         issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true);
         wgmma_commit();
-        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t,
-                      nodbg);  // no keys past the end: P 0, m and l as they were
+        // no keys past the end: P 0, m and l as they were
+#if MAX_AHEAD_ON
+        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t, nodbg);
+#else
+        softmax_block(s_hi, pb, m0, m1, l0, l1, b0, b1, cb0, cb1, valid - BKV, t, nodbg);
 #endif
         wgmma_wait<0>();
         keep_p(pa);
@@ -834,8 +834,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (j == n_blocks - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last read of Q
         u32 pn[BKV / 32][4];
         float a0n, a1n;
-        softmax_block(s, pn, m0, m1, l0, l1, a0n, a1n, c0 * sk, c1 * sk, len - j * BKV, t,
-                      [](const float (&)[32], int) {});
+        softmax_block(s, pn, m0, m1, l0, l1, a0n, a1n, c0 * sk, c1 * sk, len - j * BKV, t, nodbg);
         wgmma_wait<0>();
         keep_p(pa);  // block j - 1's P V read pa until here: pn must not take its registers
         if (j > 0) {

@@ -109,6 +109,14 @@ def require_mlp_form():
     return require
 
 
+@pytest.fixture(params=[-1, 3])
+def mlp_form(request, require_mlp_form):
+    """The fp8_mma_form an MLP test runs: the default (-1), and the wgmma family (3) where this
+    GPU offers it (else that instance skips)."""
+    require_mlp_form(request.param)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def weights(seed_of):
     """make_fc_weights on the GPU: dict(w1, w2, q1, s1, q2, s2), bf16 w1 [28672, 5376] and w2

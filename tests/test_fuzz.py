@@ -78,24 +78,22 @@ def test_simulator_attention_quantization_fuzz(seqlens, heads, k_offset, seed):
 @settings(max_examples=GPU_EXAMPLES, deadline=None, suppress_health_check=SLOW + [HealthCheck.function_scoped_fixture])
 @given(case=mlp_rows(max_m=300, max_rows=64), out_mode=st.sampled_from([None, "residual", "x"]),
        caller_ws=st.booleans(), seed=st.integers(0, 2**31 - 1))
-@pytest.mark.parametrize("form", [-1, 3])
-def test_gpu_mlp_fuzz(weights, case, out_mode, caller_ws, seed, form, require_mlp_form):
-    require_mlp_form(form)
+def test_gpu_mlp_fuzz(weights, case, out_mode, caller_ws, seed, mlp_form):
     m, rows, index = case
     inp = make_mlp_inputs(m, rows, device="cuda", seed=seed, row_inputs=fuzz_row_inputs(index, rows, seed, "cuda"))
     keep = {k: v.clone() for k, v in inp.items()}  # out may overwrite x or residual
     ws = poisoned_mlp_workspaces(m)
     call = lambda args, ws: h3kernels.minimax_h3_mlp_fp8(*mlp_arguments(args, weights),  # noqa: E731
                                                           out=None if out_mode is None else args[out_mode],
-                                                          fp8_mma_form=form, **ws)
+                                                          fp8_mma_form=mlp_form, **ws)
     out = call(inp, ws if caller_ws else {})
     torch.cuda.synchronize()
     if not caller_ws:  # the stages are checked through workspaces: run again into ours
         out2 = call({k: v.clone() for k, v in keep.items()}, ws)
         torch.cuda.synchronize()
         assert same_bits(out, out2)
-    check_mlp_stages(keep, weights, out, ws, f"fuzz m={m} rows={rows} seed={seed} form={form}", report_exact=False,
-                     form=form)
+    check_mlp_stages(keep, weights, out, ws, f"fuzz m={m} rows={rows} seed={seed} form={mlp_form}", report_exact=False,
+                     form=mlp_form)
 
 
 @pytest.mark.gpu

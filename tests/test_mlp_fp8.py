@@ -133,24 +133,22 @@ CASES = [(1, 1, None, True), (2, 8, "residual", False), (127, 50, "x", True), (1
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [-1, 3])
 @pytest.mark.parametrize("m,rows,out_mode,caller_ws", CASES)
-def test_mlp_matches_reference(m, rows, out_mode, caller_ws, form, weights, seed, require_mlp_form):
-    require_mlp_form(form)
+def test_mlp_matches_reference(m, rows, out_mode, caller_ws, mlp_form, weights, seed):
     inp = make_mlp_inputs(m, rows, seed=seed)
     ref_inp = {k: v.clone() for k, v in inp.items()}  # out may overwrite x or residual
     ws = poisoned_mlp_workspaces(m)
-    out = run_op(inp, weights, out_mode, ws if caller_ws else {}, form)
+    out = run_op(inp, weights, out_mode, ws if caller_ws else {}, mlp_form)
     if out_mode is not None:
         assert out.data_ptr() == inp[out_mode].data_ptr()
     torch.cuda.synchronize()
     assert out.shape == (m, HIDDEN) and out.dtype == torch.bfloat16
     if not caller_ws:  # internal workspaces: rerun with caller ones to read the stages
-        out2 = run_op(ref_inp, weights, None, ws, form)
+        out2 = run_op(ref_inp, weights, None, ws, mlp_form)
         assert same_bits(out, out2)
-    check_mlp_stages(ref_inp, weights, out, ws, f"M={m} rows={rows} out={out_mode} caller_ws={caller_ws} form={form}",
-                     report_exact=m in (129, 4096), form=form)
-    if targets.mlp_mma_form(out.device.index, form) != targets.WGMMA_FORM:  # the mma.sync FC2's producers
+    tag = f"M={m} rows={rows} out={out_mode} caller_ws={caller_ws} form={mlp_form}"
+    check_mlp_stages(ref_inp, weights, out, ws, tag, report_exact=m in (129, 4096), form=mlp_form)
+    if targets.mlp_mma_form(out.device.index, mlp_form) != targets.WGMMA_FORM:  # the mma.sync FC2's producers
         # hand out row groups through the flags
         assert int(ws["workspace_flags"][0]) >= -(-m // 16)  # every row group was claimed
 
@@ -177,33 +175,29 @@ def test_largest_m_once(weights, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [-1, 3])
-def test_repeated_runs_are_bitwise_identical(weights, seed, form, require_mlp_form):
-    require_mlp_form(form)
+def test_repeated_runs_are_bitwise_identical(weights, seed, mlp_form):
     inp = make_mlp_inputs(4096, 50, seed=seed)
     ws = poisoned_mlp_workspaces(4096)
-    first = run_op(inp, weights, None, ws, form).clone()
+    first = run_op(inp, weights, None, ws, mlp_form).clone()
     y = ws["workspace_y"].clone()
     for _ in range(3):
-        again = run_op(inp, weights, None, ws, form)
+        again = run_op(inp, weights, None, ws, mlp_form)
         assert same_bits(again, first)
         assert same_bits(ws["workspace_y"], y)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [-1, 3])
-def test_callers_stream_and_kind_give_the_same_bits(weights, seed, array_kind, form, require_mlp_form):
+def test_callers_stream_and_kind_give_the_same_bits(weights, seed, array_kind, mlp_form):
     """On a new stream of the caller's kind, x written there behind a delay (a launch on any other
     stream would read its NaN poison): the default stream's bits, in an array of the caller's kind."""
-    require_mlp_form(form)
     inp = make_mlp_inputs(300, 8, seed=seed)
-    want = run_op(inp, weights, None, {}, form)
+    want = run_op(inp, weights, None, {}, mlp_form)
     args = [array_kind.to(t) for t in mlp_arguments(inp, weights)]
     x_late = array_kind.nan_like(args[0])
     with array_kind.side_stream():
         array_kind.delay()
         array_kind.write(x_late, args[0])
-        got = h3kernels.minimax_h3_mlp_fp8(x_late, *args[1:], fp8_mma_form=form)
+        got = h3kernels.minimax_h3_mlp_fp8(x_late, *args[1:], fp8_mma_form=mlp_form)
     assert got.shape == (300, HIDDEN)
     assert same_bits(array_kind.torch(got, torch.bfloat16), want)
 

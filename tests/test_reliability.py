@@ -25,11 +25,9 @@ def mlp(inp, weights, ws=None, form=-1):
 # --- MLP ----------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [-1, 3])
-def test_mlp_extreme_rows(weights, seed, form, require_mlp_form):
+def test_mlp_extreme_rows(weights, seed, mlp_form):
     """Zero, near-bf16-max, tiny and subnormal rows are finite and exact; a NaN or an Inf in x, or
     a NaN in a gate row, makes exactly the rows that use it non-finite."""
-    require_mlp_form(form)
     m, rows = 64, 8
     inp = make_mlp_inputs(m, rows, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 2)  # not make_mlp_inputs' streams
@@ -40,9 +38,9 @@ def test_mlp_extreme_rows(weights, seed, form, require_mlp_form):
     x[5] = (torch.randn(HIDDEN, generator=g, device="cuda") * 1e-30).bfloat16()
     inp["adaln_index"][2:6] = 0
     clean_ws = poisoned_mlp_workspaces(m)
-    clean = mlp(inp, weights, clean_ws, form)
+    clean = mlp(inp, weights, clean_ws, mlp_form)
     torch.cuda.synchronize()
-    check_mlp_stages(inp, weights, clean, clean_ws, f"extreme rows, form {form}", report_exact=False, form=form)
+    check_mlp_stages(inp, weights, clean, clean_ws, f"extreme rows, form {mlp_form}", report_exact=False, form=mlp_form)
     assert torch.isfinite(clean.float()).all()
 
     bad = {k: v.clone() for k, v in inp.items()}
@@ -53,7 +51,7 @@ def test_mlp_extreme_rows(weights, seed, form, require_mlp_form):
     gated = set((bad["adaln_index"] == rows - 1).nonzero().flatten().tolist())
     poisoned = {10, 11} | gated
     bad_ws = poisoned_mlp_workspaces(m)
-    got = mlp(bad, weights, bad_ws, form)
+    got = mlp(bad, weights, bad_ws, mlp_form)
     torch.cuda.synchronize()
     keep = [r for r in range(m) if r not in poisoned]
     assert same_bits(got[keep], clean[keep])
@@ -136,11 +134,9 @@ def test_attention_beyond_2_31_elements(seed):
 # --- concurrency ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [-1, 3])
-def test_two_threads_on_two_streams_match_serial_calls(weights, seed, form, require_mlp_form):
+def test_two_threads_on_two_streams_match_serial_calls(weights, seed, mlp_form):
     """Two threads, each on its own stream, call both operators at different sizes at once, with
     the kernel caches emptied first so that both threads also compile and load at once."""
-    require_mlp_form(form)
     jobs = []
     for i, (m, seqlens, heads) in enumerate([(200, [300, 0, 129], 8), (1000, [1024, 77], 4)]):
         inp = make_mlp_inputs(m, 8, seed=seed + 2 * i)
@@ -148,7 +144,7 @@ def test_two_threads_on_two_streams_match_serial_calls(weights, seed, form, requ
         jobs.append((inp, att))
     serial = []
     for inp, (q, k, v, cu_dev, cu) in jobs:
-        serial.append((mlp(inp, weights, form=form).clone(), attention(q, k, v, cu).clone()))
+        serial.append((mlp(inp, weights, form=mlp_form).clone(), attention(q, k, v, cu).clone()))
     torch.cuda.synchronize()
 
     compiler.clear_caches()
@@ -164,7 +160,7 @@ def test_two_threads_on_two_streams_match_serial_calls(weights, seed, form, requ
             with torch.cuda.stream(s):
                 got = []
                 for _ in range(3):
-                    got.append((mlp(inp, weights, form=form),
+                    got.append((mlp(inp, weights, form=mlp_form),
                                 h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)))
             s.synchronize()
             results[i] = got

@@ -219,10 +219,21 @@ def walk(call, m, gemm, variant, split, whole_tiles):
         return ctas, (whole, 1, 0, 0), None
     held = None
     if split is None:
-        held = call.empty((p.workspace_bytes,), arrays.E4M3)
+        held = workspace(call, m, variant)
         split = data_ptr(held)
-        call.zero(split, p.counter_bytes)
     return ctas, (whole, parts, split + p.counter_bytes, split), held
+
+
+def workspace(call, m, variant=()):
+    """A split workspace for launches at M rows (plan().workspace_bytes, its counters zeroed on
+    the call's stream, which every launch leaves zeroed), or None where neither GEMM splits: a
+    bench makes one and passes its address to its launches instead of each launch making its own."""
+    p = plan(call.device_id, m, variant)
+    if not p.workspace_bytes:
+        return None
+    held = call.empty((p.workspace_bytes,), arrays.E4M3)
+    call.zero(data_ptr(held), p.counter_bytes)
+    return held
 
 
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, variant=(), split=None, whole_tiles=False):

@@ -61,7 +61,7 @@ def sdpa_bf16(q, k, v, cu_host):
 def sdpa_backend_bf16(q, k, v, cu_host, backend):
     """A callable computing out as sdpa_bf16 does with one SDPA backend pinned (a
     torch.nn.attention.SDPBackend name: "CUDNN_ATTENTION", "FLASH_ATTENTION"), and its label; or
-    None, label where torch refuses that backend on these inputs (checked by one call here). On
+    None, label where torch refuses that backend on these inputs (checked by a call here). On
     strided views of q, k, v first; where the backend refuses those, on contiguous copies made
     once here (as the benches do), so that the backend named is the one timed."""
     from torch.nn.attention import SDPBackend

@@ -3,7 +3,7 @@ GPU time, and host_ms_per_call for the host time of one operator call while the 
 import statistics
 import time
 
-from h3kernels.constants import FC1_OUT, FFN, HEAD_DIM, HIDDEN
+from h3kernels.constants import FC1_OUT, FFN, HEAD_DIM, HIDDEN, K_BLOCK
 
 
 def median_ms(fn, warmup=3, reps=20, setup=None):
@@ -173,8 +173,6 @@ def attention_quant_pass_bytes(lens, heads):
     """{pass: bytes it reads and writes} for segments `lens` (the launches of
     _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
     partial sums per key block and channel; V written in whole key blocks)."""
-    from h3kernels.constants import HEAD_DIM, K_BLOCK
-
     tokens, blocks = sum(lens), sum(-(-n // K_BLOCK) for n in lens)
     e, segs = tokens * heads * HEAD_DIM, len(lens)
     part = 2 * blocks * heads * HEAD_DIM * 4  # the K and V partial sums
@@ -188,8 +186,6 @@ def attention_quant_pass_bytes(lens, heads):
 
 def attention_quant_least_bytes(lens, heads):
     """The least any quantization scheme moves: q, k, v read once as bf16, written once as e4m3."""
-    from h3kernels.constants import HEAD_DIM
-
     return 3 * 3 * sum(lens) * heads * HEAD_DIM
 
 
