@@ -20,7 +20,8 @@ Checks, per M (every element, outputs poisoned first):
   end to end     rel L2 of out - residual against the unquantized FP32 MLP, form 3 over form 0
   variants       every build of VARIANTS but TIMING_ONLY gives the default build's y and out bitwise
 Accumulation error of FC1's FP32 sums against float64 (DBG_RAW_ACC builds): the default promotion
-every 128 of K, every 256 of K (PROMOTE_K 256), the whole K inside the tensor core.
+every 128 of K, every 256 of K (PROMOTE_K 256), each k32 step alone (DBG_PROMOTE_K32), the whole K
+inside the tensor core; for each, the share of y over 1 bf16 ulp that its sums alone cause.
 Logs go to $OUT/hopper_mlp.log and $OUT/hopper_mlp.json (or --json PATH)."""
 import argparse
 import concurrent.futures
@@ -67,6 +68,7 @@ SAME_SUMS = {(("A_REGS", 1), ("PROMOTE_K", 256)): (("PROMOTE_K", 256),)}
 # FC1's raw FP32 sums (accumulation_error), per summation scheme
 RAW_ACC = {"accumulation": (("DBG_RAW_ACC", 1),),
            "accumulation_promote_k256": (("DBG_RAW_ACC", 1), ("PROMOTE_K", 256)),
+           "accumulation_each_k32": (("DBG_PROMOTE_K32", 1), ("DBG_RAW_ACC", 1)),
            "accumulation_whole_k_in_tensor_core": (("DBG_NO_PROMOTE", 1), ("DBG_RAW_ACC", 1), ("PROMOTE_N64", 0))}
 
 
@@ -277,6 +279,9 @@ def accumulation_error(m, W, variant=RAW_ACC["accumulation"]):
                max_over_max_sum=float(err.max() / exact.abs().max()),
                rel_l2=float(err.norm() / exact.norm()), fp32_rounding_rel_l2=float(fp32_once.norm() / exact.norm()),
                max_abs_sum=float(exact.abs().max()))
+    # y from these sums against y from the exact ones, the rest of the arithmetic the contract's:
+    # the share over 1 bf16 ulp that this accumulation alone causes
+    res["y"] = ulp_stats(reference.swiglu_from_sums(raw, a_s, s1), reference.swiglu_from_sums(exact.to(F32), a_s, s1))
     log(f"accumulation M={m}: {json.dumps(res)}")
     return res
 
@@ -444,7 +449,8 @@ def main():
         r = results.get(key)
         if r:
             log(f"{key}: max err / sum|aw| {r['max_over_sum_abs']:.3g} mean {r['mean_over_sum_abs']:.3g} "
-                f"max err / max|sum| {r['max_over_max_sum']:.3g} rel L2 {r['rel_l2']:.3g} nonfinite {r['nonfinite']}")
+                f"max err / max|sum| {r['max_over_max_sum']:.3g} rel L2 {r['rel_l2']:.3g} nonfinite {r['nonfinite']} "
+                f"y >1ulp {r['y']['frac_gt1']:.3g} y differing {r['y']['frac_ne']:.3g}")
     for t in results["timings"]:
         if "op_form3_tflops" not in t or "fc2_ms" not in t:
             log(f"M={t['m']}: incomplete {t}")

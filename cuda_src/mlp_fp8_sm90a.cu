@@ -40,6 +40,7 @@
 //
 // Measurement builds (bench/hopper_mlp.py, bench/hopper_debug.py; never the launch layer's):
 //   DBG_RAW_ACC     FC1 stores its FP32 sums themselves, [M, FC1_OUT] floats at y
+//   DBG_PROMOTE_K32 (A_REGS 0) each k32 step into a zeroed partial, then FP32: its error measured
 //   DBG_NO_PROMOTE  (with PROMOTE_N64 0) the whole K summed inside the tensor core: the speed
 //                   and the error without promotion
 //   DBG_NO_TMA, DBG_NO_MMA, DBG_NO_REGS  leave out the loads, the wgmmas, or setmaxnreg
@@ -338,6 +339,31 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll
             for (int k = 0; k < BK / 32; ++k) ldmatrix_x4(a_frag[u][p][k], (a + p * STAGE_BYTES + a_lane) ^ (32 * k));
 #endif
+#ifdef DBG_PROMOTE_K32
+          // Accuracy only: each k32 step into a zeroed partial, waited for and added in FP32, the
+          // finest promotion the tensor core allows (A from shared memory)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int p = 0; p < SLICES_PER_PARTIAL; ++p)
+#pragma unroll
+              for (int k = 0; k < BK / 32; ++k) {
+                wgmma_fence();
+                wgmma_m64n64k32_e4m3(part[0], operand_desc(a + p * STAGE_BYTES + 32 * k),
+                                     operand_desc(b + p * STAGE_BYTES + q * 64 * BK + 32 * k), 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                  fence_regs(part[0][i]);
+                  acc[q >> 1][32 * (q & 1) + i] += part[0][i];
+                }
+              }
+          if (lane == 0) {
+#pragma unroll
+            for (int p = 0; p < SLICES_PER_PARTIAL; ++p) release(stage + p);
+          }
+#else
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             wgmma_fence();
@@ -381,6 +407,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
               for (int p = 0; p < SLICES_PER_PARTIAL; ++p) release(stage + p);
             }
           }
+#endif
           stage += SLICES_PER_PARTIAL;
           if (stage == STAGES) {
             stage = 0;

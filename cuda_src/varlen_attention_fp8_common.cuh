@@ -72,6 +72,30 @@ __device__ __forceinline__ void row_maxima(float& m0, float& m1) {
   }
 }
 
+// q . mu of a lane's two query rows for the lse: the lane takes the channels it writes (2t, 2t + 1
+// of every 8), one n8 channel tile a step, in channel order with fma; finish() adds the row's
+// four lanes pairwise (t ^ 1, then t ^ 2). q_first: a row of the segment, read in place of rows
+// past it (their lse is not written).
+template <int HDIM>
+struct RowsQDotMu {
+  const float* __restrict__ mus;
+  const u16* qr0;
+  const u16* qr1;
+  float d0 = 0.f, d1 = 0.f;
+  __device__ __forceinline__ RowsQDotMu(const float* __restrict__ mu, const u16* q, int row0, int end, int t, int seg,
+                                        int h, int heads, i64 pitch, int q_first)
+      : mus(mu + ((i64)seg * heads + h) * HDIM + 2 * t),
+        qr0(q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t),
+        qr1(q + (i64)(row0 + 8 < end ? row0 + 8 : q_first) * pitch + h * HDIM + 2 * t) {}
+  __device__ __forceinline__ void step(int ct) {
+    const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
+    const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
+    d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
+    d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
+  }
+  __device__ __forceinline__ void finish() { row_sums(d0, d1); }
+};
+
 // The epilogue of a lane's two query rows row0 and row1 = row0 + 8 (rows >= end are not written):
 // o(ct, r) is its O accumulator of n8 channel tile ct, register r (r < 2: row0, channel
 // 8 ct + 2t + r; r >= 2: row1, channel 8 ct + 2t + r - 2); m and l are the rows' running max and
@@ -92,21 +116,12 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
   const float* sv = s_v + ((i64)seg * heads + h) * HDIM + 2 * t;
   u16* out0 = out + (i64)row0 * pitch + h * HDIM + 2 * t;
   u16* out1 = out + (i64)row1 * pitch + h * HDIM + 2 * t;
-  // q . mu for the lse: each lane takes the channels it writes (2t, 2t + 1 of every 8), each
-  // element of q read just before the same thread writes that element of out (out may alias
-  // q), in channel order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2).
-  const float* mus = mu + ((i64)seg * heads + h) * HDIM + 2 * t;
-  const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t;
-  const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HDIM + 2 * t;
-  float d0 = 0.f, d1 = 0.f;
+  // q . mu for the lse: each element of q read just before the same thread writes that element
+  // of out (out may alias q)
+  RowsQDotMu<HDIM> qm(mu, q, row0, end, t, seg, h, heads, pitch, q_first);
 #pragma unroll
   for (int ct = 0; ct < HDIM / 8; ++ct) {
-    if (lse != nullptr) {
-      const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
-      const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
-      d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
-      d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
-    }
+    if (lse != nullptr) qm.step(ct);
     const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
     if (row0 < end)
       *reinterpret_cast<u32*>(out0 + ct * 8) =
@@ -115,9 +130,9 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
       *reinterpret_cast<u32*>(out1 + ct * 8) =
           (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16);
   }
-  if (lse != nullptr) row_sums(d0, d1);
+  if (lse != nullptr) qm.finish();
   if (lse != nullptr && t == 0) {
-    if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, d0, softmax_scale);
-    if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, d1, softmax_scale);
+    if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, qm.d0, softmax_scale);
+    if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, qm.d1, softmax_scale);
   }
 }

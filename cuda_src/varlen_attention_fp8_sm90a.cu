@@ -57,7 +57,7 @@
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
     !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L) || \
-    !defined(MAX_AHEAD)
+    !defined(MAX_AHEAD) || !defined(STAGED_OUT)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
@@ -72,6 +72,9 @@
 #define STAGE_BYTES (2 * K_BYTES)  // K rows, then V^T rows (128 channels x 128 keys)
 #define ONES_BYTES 1024            // after the ring: e4m3 1.0 in every byte, L_IN_CORE's B operand
 static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the ones tile, a word each");
+#define OUT_PITCH (2 * HD + 16)         // bytes per row of a warp's out staging: the 16 bytes of padding
+                                        // make the fragment's 4-byte stores free of bank conflicts
+#define OUT_WARP_BYTES (16 * OUT_PITCH)  // a consumer warp's 16 rows
 
 // Measurement build (bench/hopper_attention.py --debug, never the launch layer's): DBG_STORE 1
 // writes the scaled and masked S of the first 128 keys of each row to out (key k in channel
@@ -125,6 +128,64 @@ static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the
 #if S_SPLIT != 1 && (OVERLAP || S128)
 #error "S_SPLIT borrows the P V partial's registers, which OVERLAP and S128 keep in flight under S"
 #endif
+
+// The epilogue with out staged in shared memory (STAGED_OUT): write_rows' arithmetic, element
+// for element, but a warp's stores of its 16 rows go through `stage` (its OUT_WARP_BYTES of
+// shared memory) and leave as whole 256-byte rows, 16 bytes a lane, where the fragment's own
+// stores put 8 rows in every warp instruction (8 store wavefronts each: at 8 stages a tile the
+// stores were the epilogue's cost). The lse's q . mu reads q before any store of the warp.
+template <class Acc>
+__device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int lane, float m0, float m1, float l0,
+                                                  float l1, float lse_l0, float lse_l1,
+                                                  const float* __restrict__ s_v, const float* __restrict__ mu,
+                                                  const u16* q, u16* out, float* __restrict__ lse, int seg, int h,
+                                                  int heads, i64 pitch, int tokens, int q_first, float softmax_scale,
+                                                  u8* stage) {
+  const int t = lane & 3, g = lane >> 2, row1 = row0 + 8;
+  if (lse != nullptr) {  // write_rows' sums
+    RowsQDotMu<HD> qm(mu, q, row0, end, t, seg, h, heads, pitch, q_first);
+#pragma unroll
+    for (int ct = 0; ct < HD / 8; ++ct) qm.step(ct);
+    qm.finish();
+    if (t == 0) {
+      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, qm.d0, softmax_scale);
+      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, qm.d1, softmax_scale);
+    }
+  }
+  const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
+  const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
+  u8* st0 = stage + g * OUT_PITCH + 4 * t;
+  u8* st1 = st0 + 8 * OUT_PITCH;
+#pragma unroll
+  for (int ct = 0; ct < HD / 8; ++ct) {
+    const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
+    *reinterpret_cast<u32*>(st0 + 16 * ct) =
+        (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16);
+    *reinterpret_cast<u32*>(st1 + 16 * ct) =
+        (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16);
+  }
+  __syncwarp();
+  const int first = row0 - g, c = lane & 15;  // the warp's first row; the lane's 16-byte column
+  const bool vec = (reinterpret_cast<unsigned long long>(out) & 15) == 0;  // pitch * 2 bytes: a multiple of 256
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 2 * i + (lane >> 4);
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + r * OUT_PITCH + 16 * c);
+    if (first + r < end) {
+      u16* dst = out + (i64)(first + r) * pitch + h * HD + 8 * c;
+      if (vec) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        u32* d = reinterpret_cast<u32*>(dst);  // 4-byte aligned, as write_rows' stores
+        d[0] = v.x;
+        d[1] = v.y;
+        d[2] = v.z;
+        d[3] = v.w;
+      }
+    }
+  }
+  __syncwarp();  // the warp's next epilogue writes the stage again
+}
 
 // Named barriers 1 and 2 (0 is __syncthreads): the issue turns of consumer warpgroups 0 and 1
 // with PINGPONG. A warpgroup waits for its turn (bar.sync, its 128 threads and the other's 128
@@ -483,6 +544,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES], q_full, q_empty;
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
+  [[maybe_unused]] u8* const out_stage = smem_raw + (ones + ONES_BYTES - smem_u32(smem_raw));  // STAGED_OUT
   const int wg = threadIdx.x >> 7;
   if (L_IN_CORE && threadIdx.x >= 128) {  // the consumer threads, one word each
     *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
@@ -886,8 +948,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // DBG_PERF 32 writes only for an improbable value, which keeps O, m and l live (a warp-wide
       // vote: write_rows shuffles across the warp)
       if (!(DBG_PERF & 32) || __any_sync(0xffffffffu, o[0] == 1234.5f && o_l0 == 1234.5f))
+#if STAGED_OUT
+        write_rows_staged([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, lane, m0, m1, o_l0, o_l1, lse_l0,
+                          lse_l1, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale,
+                          out_stage + (4 * consumer + warp) * OUT_WARP_BYTES);
+#else
         write_rows<HD>([&](int ct, int r) { return o[4 * ct + r]; }, row0, end, t, m0, m1, o_l0, o_l1, lse_l0,
                        lse_l1, s_v, mu, q, out, lse, seg, h, heads, pitch, tokens, q_bounds[seg], softmax_scale);
+#endif
 #endif
     }
 #if PINGPONG

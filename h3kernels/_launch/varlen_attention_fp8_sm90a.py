@@ -64,6 +64,9 @@ MAX_TREE = 1  # 1: each row's block maximum as a tree of fmaxf (4 dependent step
 # either way, so the same maximum and the same result
 MAX_AHEAD = 1  # 1: the S128 loop takes both 64-key halves' maxima before either half's P, so that
 # their reductions and shuffles overlap (the same maxima in the same order: the same result)
+STAGED_OUT = 1  # 1: the epilogue's stores of out go through shared memory and leave as whole rows,
+# 16 bytes a lane (the fragment's own 4-byte stores touch 8 rows per warp instruction); the same
+# values: STAGED_OUT 0 is in VARIANTS
 # VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
 # serialized by a ptxas we build with (12.8, the cuda12 extra's, and 12.9): their pipelined loops
 # issue every wgmma on every path (one issued under a condition while others were in flight had
@@ -75,7 +78,8 @@ MAX_AHEAD = 1  # 1: the S128 loop takes both 64-key halves' maxima before either
 VARIANTS = ((("MAX_TREE", 0),), (("MAX_AHEAD", 0),), (("STAGES", 2),), (("PINGPONG", 1),), (("S128", 2),),
             (("PINGPONG", 1), ("S128", 2)), (("S128", 0),), (("OVERLAP", 1), ("S128", 0)),
             (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
-            (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),))
+            (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),),
+            (("STAGED_OUT", 0),))
 ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 1)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 2)),
@@ -84,7 +88,9 @@ ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
 THREADS = 384
 ONES_BYTES = 1024
-SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + 1024  # Q tile, the ring, the ones tile, room to align
+OUT_STAGING_BYTES = 8 * 16 * (2 * HD + 16)  # STAGED_OUT: 16 rows of out per consumer warp, 16 bytes of padding each
+# Q tile, the ring, the ones tile, out's staging (also in the builds without it: one size), room to align
+SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING_BYTES + 1024
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
 # map_q, map_k, map_v, tiles, n_tiles, block_offset, s_q, s_k, s_v, out, heads, scale_log2, lse
 # (0: not wanted), q, mu, tokens, softmax_scale, q_bounds
@@ -98,7 +104,7 @@ def defines(arch=ARCH, form=FORM, **variant):
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
              FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
-             H3_MMA_FORM=0)
+             STAGED_OUT=STAGED_OUT, H3_MMA_FORM=0)
     d.update(variant)
     return d
 

@@ -16,7 +16,7 @@ a_q depends on an order.
 from h3kernels.reference.mlp_fp8 import (exact_dot, fc1_swiglu, index_guard, minimax_h3_fc1_row_order,
                                          minimax_h3_mlp_fp8, minimax_h3_mlp_fp8_row_stage, mlp_exact_bf16,
                                          mlp_row_stage, prepare_minimax_h3_fc1_weight_fp8,
-                                         prepare_minimax_h3_fc2_weight_fp8, rms_scale, sum_of_squares)
+                                         prepare_minimax_h3_fc2_weight_fp8, rms_scale, sum_of_squares, swiglu_from_sums)
 from h3kernels.reference.rounding import F32, bf16, div, e4m3, quantize_rows
 from h3kernels.reference.varlen_attention_fp8 import (attention_exact, attention_fp8, attention_fp8_partial,
                                                       key_mean, lse_exact, mean_shift,
@@ -27,4 +27,5 @@ __all__ = ["F32", "attention_exact", "attention_fp8", "attention_fp8_partial", "
            "fc1_swiglu", "index_guard", "key_mean", "lse_exact", "mean_shift", "minimax_h3_fc1_row_order",
            "minimax_h3_mlp_fp8", "minimax_h3_mlp_fp8_row_stage", "minimax_h3_varlen_attention_fp8", "mlp_exact_bf16",
            "mlp_row_stage", "prepare_minimax_h3_fc1_weight_fp8", "prepare_minimax_h3_fc2_weight_fp8",
-           "quantize_attention_inputs", "quantize_rows", "rms_scale", "segment_key_means", "sum_of_squares"]
+           "quantize_attention_inputs", "quantize_rows", "rms_scale", "segment_key_means", "sum_of_squares",
+           "swiglu_from_sums"]

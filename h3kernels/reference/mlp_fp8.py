@@ -80,7 +80,12 @@ def exact_dot(a_q, w_q):
 
 def fc1_swiglu(a_q, a_scale, fc1_weight_q, fc1_weight_scale):
     """y (bf16 [M, 14336], logical columns) from the quantized activation and prepacked FC1 weights."""
-    acc1 = exact_dot(a_q, fc1_weight_q)
+    return swiglu_from_sums(exact_dot(a_q, fc1_weight_q), a_scale, fc1_weight_scale)
+
+
+def swiglu_from_sums(acc1, a_scale, fc1_weight_scale):
+    """y (bf16 [M, 14336], logical columns) from FC1's FP32 sums acc1 [M, 28672] (prepacked columns):
+    the contract's arithmetic after the sum, for sums of any accumulation."""
     h = bf16((acc1 * a_scale.to(F32)[:, None]) * fc1_weight_scale.to(F32)[None, :])
     logical = torch.empty_like(h)
     logical[:, _fc1_row_order_on(h.device)] = h
