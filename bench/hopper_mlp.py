@@ -46,7 +46,7 @@ from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.testing.timing import median_ms, mlp_flops
 
-hopper.set_constants(os.environ.get("H3KERNELS_MLP_SM90A_DEFINES", ""))  # another default build for this run
+hopper.set_constants_from_env()  # another default build for this run
 OUT = os.environ.get("OUT", "/tmp/h3out")
 os.makedirs(OUT, exist_ok=True)
 _log = open(os.path.join(OUT, "hopper_mlp.log"), "a")

@@ -6,6 +6,7 @@ A caller opens an arrays.Call and makes its device current first (h3kernels/mlp_
 both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
 """
 import functools
+import os
 from typing import NamedTuple
 
 from h3kernels._launch.tma import tensor_map
@@ -78,9 +79,9 @@ _kernels = compiler.cache({})  # (device id, variant) -> (fc1, fc2, quant, resid
 
 def set_constants(text):
     """Sets launch constants from "NAME=VALUE ..." in place of this module's, with the shared
-    memory sizes that follow from them: a candidate build run through the operator, the tests
-    (tests/conftest.py reads $H3KERNELS_MLP_SM90A_DEFINES) and the benches before it becomes the
-    default. Call it before the first launch; loaded kernels and plans are forgotten."""
+    memory sizes that follow from them: a candidate build run through the operator, the tests and
+    the benches before it becomes the default (set_constants_from_env). Call it before the first
+    launch; loaded kernels and plans are forgotten."""
     global SMEM_BYTES
     names = defines()
     for item in text.split():
@@ -92,6 +93,17 @@ def set_constants(text):
     DYNAMIC_SMEM.update(h3_mlp_fc1_wgmma=SMEM_BYTES, h3_mlp_fc2_wgmma=SMEM_BYTES)
     _kernels.clear()
     _plan.cache_clear()
+
+
+DEFINES_ENV = "H3KERNELS_MLP_SM90A_DEFINES"
+
+
+def set_constants_from_env():
+    """set_constants from $H3KERNELS_MLP_SM90A_DEFINES ("BK=64 PROMOTE_K=64 STAGES=9"), where it is
+    set: how the test suite (tests/conftest.py) and bench/hopper_mlp.py run a candidate build."""
+    text = os.environ.get(DEFINES_ENV, "")
+    if text:
+        set_constants(text)
 
 
 def kernels(device_id, variant=()):

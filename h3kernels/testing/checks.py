@@ -227,11 +227,11 @@ Y_CHUNK = 2048  # rows per float64 pass of check_mlp_y_wgmma (several [rows, 286
 
 
 def y_error_bounds(acc_bounds, a_q, a_scale, w1_q, w1_scale, w1_abs=None):
-    """(s u, [bound per acc_bound]): per element of y's logical columns, s u from exact sums
+    """(s u, [bound per acc_bound], sums): per element of y's logical columns, s u from exact sums
     (s = silu(h_gate), u = h_up) and, for each acc_bound, a bound on |y - s u| when the sums are
     off by at most acc_bound * sum |a_k w_k| and each of y's four bf16 roundings by half an ulp,
-    in absolute terms. w1_q may come as float64 already, and w1_abs as its magnitudes (a caller's
-    chunks then share both)."""
+    in absolute terms; sums: the exact FC1 sums themselves (float64, prepacked columns). w1_q may
+    come as float64 already, and w1_abs as its magnitudes (a caller's chunks then share both)."""
     import torch
 
     from h3kernels import reference as R
@@ -244,7 +244,8 @@ def y_error_bounds(acc_bounds, a_q, a_scale, w1_q, w1_scale, w1_abs=None):
     mag = torch.empty_like(h)
     w = w1_q.to(f64)
     a = a_q.to(f64)
-    h[:, order] = (a @ w.T) * scale
+    sums = a @ w.T
+    h[:, order] = sums * scale
     mag[:, order] = (a.abs() @ (w.abs() if w1_abs is None else w1_abs).T) * scale
     g, u = h[:, :FFN], h[:, FFN:]
     s = g * torch.sigmoid(g)
@@ -256,7 +257,7 @@ def y_error_bounds(acc_bounds, a_q, a_scale, w1_q, w1_scale, w1_abs=None):
         es = SILU_LIPSCHITZ * eg
         es = es + HALF_ULP * (s.abs() + es)
         bounds.append(es * (u.abs() + eu) + s.abs() * eu + HALF_ULP * (s.abs() + es) * (u.abs() + eu))
-    return s * u, bounds
+    return s * u, bounds, sums
 
 
 def check_mlp_y_wgmma(a_q, a_scale, w1_q, w1_scale, y, tag):
@@ -272,12 +273,13 @@ def check_mlp_y_wgmma(a_q, a_scale, w1_q, w1_scale, y, tag):
     w64_abs = w64.abs()
     for r0 in range(0, y.shape[0], Y_CHUNK):
         sl = slice(r0, r0 + Y_CHUNK)
-        exact, (bound, bound_ref) = y_error_bounds((ACC_BOUND, 0.0), a_q[sl], a_scale[sl], w64, w1_scale, w64_abs)
+        exact, (bound, bound_ref), sums = y_error_bounds((ACC_BOUND, 0.0), a_q[sl], a_scale[sl], w64, w1_scale,
+                                                         w64_abs)
         err = (y[sl].to(torch.float64) - exact).abs()
         bad = ~(err <= bound)
         assert not bad.any(), f"{tag}: y outside the wgmma accumulation bound (row, column, error, bound): " + str(
             [(r0 + i, j, float(err[i, j]), float(bound[i, j])) for i, j in bad.nonzero()[:5].tolist()])
-        want = R.fc1_swiglu(a_q[sl], a_scale[sl], w64, w1_scale)  # exact_dot takes float64 as it is
+        want = R.swiglu_from_sums(sums.to(torch.float32), a_scale[sl], w1_scale)  # R.fc1_swiglu, the sums reused
         assert not ((want.to(torch.float64) - exact).abs() > bound_ref).any(), f"{tag}: the reference's y outside its bound"
         over += int((bf16_ulps(y[sl], want) > 1).sum())
         n += want.numel()
