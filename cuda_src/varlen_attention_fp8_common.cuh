@@ -72,36 +72,65 @@ __device__ __forceinline__ void row_maxima(float& m0, float& m1) {
   }
 }
 
-// q . mu of a lane's two query rows for the lse: the lane takes the channels it writes (2t, 2t + 1
-// of every 8), one n8 channel tile a step, in channel order with fma; finish() adds the row's
-// four lanes pairwise (t ^ 1, then t ^ 2). q_first: a row of the segment, read in place of rows
-// past it (their lse is not written).
-template <int HDIM>
-struct RowsQDotMu {
-  const float* __restrict__ mus;
-  const u16* qr0;
-  const u16* qr1;
+// The epilogue's arithmetic for a lane's two query rows row0 and row1 = row0 + 8: o(ct, r) is its
+// O accumulator of n8 channel tile ct, register r (r < 2: row0, channel 8 ct + 2t + r; r >= 2:
+// row1, channel 8 ct + 2t + r - 2); m and l are the rows' running max and whole sum (row_sums),
+// lse_l the sum the lse takes (l but for a kernel whose O divides by the sum of its rounded P).
+// put(half, ct, word) takes the lane's two bf16 of channel tile ct of row0 (half 0) or row1
+// (half 1) as one word, in channel-tile order; with lse non-null the lse of the rows below end
+// is written, each element of q it reads (q . mu) read before that element's word is put (out
+// may alias q): with Q_FIRST all of them before the first word, in a loop of their own (the
+// shorter code where the words go to shared memory), else each tile's just before its words
+// (fewer live registers where they go to out directly). pitch: elements between consecutive
+// tokens of q; q_first: a row of the segment, read in place of rows past it.
+template <int HDIM, bool Q_FIRST, class Acc, class Put>
+__device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, float m0, float m1, float l0,
+                                              float l1, float lse_l0, float lse_l1, const float* __restrict__ s_v,
+                                              const float* __restrict__ mu, const u16* q, float* __restrict__ lse,
+                                              int seg, int h, int heads, i64 pitch, int tokens, int q_first,
+                                              float softmax_scale, Put put) {
+  const int row1 = row0 + 8;
+  // q . mu for the lse: the lane takes the channels it writes (2t, 2t + 1 of every 8), in channel
+  // order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2)
+  const float* mus = mu + ((i64)seg * heads + h) * HDIM + 2 * t;
+  const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t;
+  const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HDIM + 2 * t;
   float d0 = 0.f, d1 = 0.f;
-  __device__ __forceinline__ RowsQDotMu(const float* __restrict__ mu, const u16* q, int row0, int end, int t, int seg,
-                                        int h, int heads, i64 pitch, int q_first)
-      : mus(mu + ((i64)seg * heads + h) * HDIM + 2 * t),
-        qr0(q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t),
-        qr1(q + (i64)(row0 + 8 < end ? row0 + 8 : q_first) * pitch + h * HDIM + 2 * t) {}
-  __device__ __forceinline__ void step(int ct) {
+  auto dot = [&](int ct) {
     const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
     const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
     d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
     d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
+  };
+  auto write_lse = [&]() {
+    row_sums(d0, d1);
+    if (t == 0) {
+      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, d0, softmax_scale);
+      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, d1, softmax_scale);
+    }
+  };
+  if (Q_FIRST && lse != nullptr) {
+#pragma unroll
+    for (int ct = 0; ct < HDIM / 8; ++ct) dot(ct);
+    write_lse();
   }
-  __device__ __forceinline__ void finish() { row_sums(d0, d1); }
-};
+  // out = bf16(O * s_v / (256 * l)), the contract's single rounding to bf16; l >= 1 on every
+  // written row. The FP32 quotient goes through one reciprocal per row (it may differ from the
+  // division by an FP32 ulp): 64 IEEE divisions per lane cost each work tile about a microsecond.
+  const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
+  const float* sv = s_v + ((i64)seg * heads + h) * HDIM + 2 * t;
+#pragma unroll
+  for (int ct = 0; ct < HDIM / 8; ++ct) {
+    if (!Q_FIRST && lse != nullptr) dot(ct);
+    const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
+    put(0, ct, (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16));
+    put(1, ct, (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16));
+  }
+  if (!Q_FIRST && lse != nullptr) write_lse();
+}
 
-// The epilogue of a lane's two query rows row0 and row1 = row0 + 8 (rows >= end are not written):
-// o(ct, r) is its O accumulator of n8 channel tile ct, register r (r < 2: row0, channel
-// 8 ct + 2t + r; r >= 2: row1, channel 8 ct + 2t + r - 2); m and l are the rows' running max and
-// whole sum (row_sums), lse_l the sum the lse takes (l but for a kernel whose O divides by the
-// sum of its rounded P). Writes out and, with lse non-null, lse. pitch: elements between
-// consecutive tokens of q and out; q_first: a row of the segment, read in place of rows past it.
+// The epilogue of a lane's two query rows straight from the fragment (epilogue_rows): rows >= end
+// are not written; out's pitch is q's.
 template <int HDIM, class Acc>
 __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, float m0, float m1, float l0, float l1,
                                            float lse_l0, float lse_l1,
@@ -109,30 +138,10 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
                                            u16* out, float* __restrict__ lse, int seg, int h, int heads, i64 pitch,
                                            int tokens, int q_first, float softmax_scale) {
   const int row1 = row0 + 8;
-  // out = bf16(O * s_v / (256 * l)), the contract's single rounding to bf16; l >= 1 on every
-  // written row. The FP32 quotient goes through one reciprocal per row (it may differ from the
-  // division by an FP32 ulp): 64 IEEE divisions per lane cost each work tile about a microsecond.
-  const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
-  const float* sv = s_v + ((i64)seg * heads + h) * HDIM + 2 * t;
   u16* out0 = out + (i64)row0 * pitch + h * HDIM + 2 * t;
   u16* out1 = out + (i64)row1 * pitch + h * HDIM + 2 * t;
-  // q . mu for the lse: each element of q read just before the same thread writes that element
-  // of out (out may alias q)
-  RowsQDotMu<HDIM> qm(mu, q, row0, end, t, seg, h, heads, pitch, q_first);
-#pragma unroll
-  for (int ct = 0; ct < HDIM / 8; ++ct) {
-    if (lse != nullptr) qm.step(ct);
-    const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
-    if (row0 < end)
-      *reinterpret_cast<u32*>(out0 + ct * 8) =
-          (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16);
-    if (row1 < end)
-      *reinterpret_cast<u32*>(out1 + ct * 8) =
-          (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16);
-  }
-  if (lse != nullptr) qm.finish();
-  if (lse != nullptr && t == 0) {
-    if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, qm.d0, softmax_scale);
-    if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, qm.d1, softmax_scale);
-  }
+  epilogue_rows<HDIM, false>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads, pitch,
+                             tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
+                        if ((half ? row1 : row0) < end) *reinterpret_cast<u32*>((half ? out1 : out0) + ct * 8) = word;
+                      });
 }

@@ -129,11 +129,11 @@ static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the
 #error "S_SPLIT borrows the P V partial's registers, which OVERLAP and S128 keep in flight under S"
 #endif
 
-// The epilogue with out staged in shared memory (STAGED_OUT): write_rows' arithmetic, element
-// for element, but a warp's stores of its 16 rows go through `stage` (its OUT_WARP_BYTES of
-// shared memory) and leave as whole 256-byte rows, 16 bytes a lane, where the fragment's own
-// stores put 8 rows in every warp instruction (8 store wavefronts each: at 8 stages a tile the
-// stores were the epilogue's cost). The lse's q . mu reads q before any store of the warp.
+// The epilogue with out staged in shared memory (STAGED_OUT): epilogue_rows' arithmetic, but a
+// warp's words of its 16 rows go into `stage` (its OUT_WARP_BYTES of shared memory) and leave
+// as whole 256-byte rows, 16 bytes a lane, where the fragment's own stores (write_rows) put 8
+// rows in every warp instruction (8 store wavefronts each: at 8 stages a tile the stores were
+// the epilogue's cost). The lse's reads of q all come before the warp's first store to out.
 template <class Acc>
 __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int lane, float m0, float m1, float l0,
                                                   float l1, float lse_l0, float lse_l1,
@@ -141,29 +141,12 @@ __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int 
                                                   const u16* q, u16* out, float* __restrict__ lse, int seg, int h,
                                                   int heads, i64 pitch, int tokens, int q_first, float softmax_scale,
                                                   u8* stage) {
-  const int t = lane & 3, g = lane >> 2, row1 = row0 + 8;
-  if (lse != nullptr) {  // write_rows' sums
-    RowsQDotMu<HD> qm(mu, q, row0, end, t, seg, h, heads, pitch, q_first);
-#pragma unroll
-    for (int ct = 0; ct < HD / 8; ++ct) qm.step(ct);
-    qm.finish();
-    if (t == 0) {
-      if (row0 < end) lse[(i64)h * tokens + row0] = row_lse(m0, lse_l0, qm.d0, softmax_scale);
-      if (row1 < end) lse[(i64)h * tokens + row1] = row_lse(m1, lse_l1, qm.d1, softmax_scale);
-    }
-  }
-  const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
-  const float* sv = s_v + ((i64)seg * heads + h) * HD + 2 * t;
-  u8* st0 = stage + g * OUT_PITCH + 4 * t;
-  u8* st1 = st0 + 8 * OUT_PITCH;
-#pragma unroll
-  for (int ct = 0; ct < HD / 8; ++ct) {
-    const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
-    *reinterpret_cast<u32*>(st0 + 16 * ct) =
-        (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16);
-    *reinterpret_cast<u32*>(st1 + 16 * ct) =
-        (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16);
-  }
+  const int t = lane & 3, g = lane >> 2;
+  u8* lane_stage = stage + g * OUT_PITCH + 4 * t;
+  epilogue_rows<HD, true>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads, pitch,
+                          tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
+                            *reinterpret_cast<u32*>(lane_stage + half * 8 * OUT_PITCH + 16 * ct) = word;
+                          });
   __syncwarp();
   const int first = row0 - g, c = lane & 15;  // the warp's first row; the lane's 16-byte column
   const bool vec = (reinterpret_cast<unsigned long long>(out) & 15) == 0;  // pitch * 2 bytes: a multiple of 256
