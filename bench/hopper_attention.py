@@ -66,10 +66,12 @@ T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
 VARIANTS = list(hopper.VARIANTS) + list(hopper.ACCUMULATION)  # all timed
 # DBG_PERF builds (cuda_src/varlen_attention_fp8_sm90a.cu), sums of: 1 no reloads of K and V, 2 a
-# constant P, 4 no wgmma, 8 no ex2, 16 each softmax twice, 32 no epilogue; timed beside the
+# constant P, 4 no wgmma, 8 no ex2, 16 each softmax twice, 32 no epilogue, 64 the second consumer
+# warpgroup idle (the first alone, half the rows computed); timed beside the
 # default with --only probe (16 x 1024 too: its tiles are short) to tell what bounds the loop
 # (results garbage)
-PROBES = [(("DBG_PERF", n),) for n in (1, 2, 4, 8, 1 | 2, 1 | 4, 1 | 4 | 8, 16, 1 | 4 | 16, 1 | 4 | 8 | 16, 32)]
+PROBES = [(("DBG_PERF", n),) for n in (1, 2, 4, 8, 1 | 2, 1 | 4, 1 | 4 | 8, 16, 1 | 4 | 16, 1 | 4 | 8 | 16, 32, 64, 64 | 1,
+                                               64 | 1 | 2, 64 | 1 | 4)]
 HBM_TBS = 4.8  # H200 SXM HBM3e peak (datasheet), for the quantization passes' bandwidth fraction
 LOG2E = 1.4426950408889634
 

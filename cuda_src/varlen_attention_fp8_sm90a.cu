@@ -57,21 +57,26 @@
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
     !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L) || \
-    !defined(MAX_AHEAD) || !defined(STAGED_OUT)
+    !defined(MAX_AHEAD) || !defined(STAGED_OUT) || !defined(CONSUMERS)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
-#if BQ != 128 || BKV != 64 || KSB != 128 || HD != 128
-#error "the warpgroup roles below assume 128-query tiles, 64-key blocks, 128-key stages and head dim 128"
+#if (CONSUMERS != 2 && CONSUMERS != 3) || BQ != 64 * CONSUMERS || BKV != 64 || KSB != 128 || HD != 128
+#error "the warpgroup roles below assume 64 query rows per consumer warpgroup (2 or 3), 64-key blocks, 128-key stages and head dim 128"
+#endif
+// CONSUMERS 3 (measured, not shipped): a third softmax warpgroup, 192-query tiles; at the 160
+// registers four warpgroups leave each, only the block loop with O in the tensor core fits
+#if CONSUMERS == 3 && (S128 || OVERLAP || PINGPONG || !O_IN_CORE)
+#error "CONSUMERS 3 runs the block loop (S128 0, OVERLAP 0, PINGPONG 0) with O_IN_CORE"
 #endif
 
-#define THREADS 384             // 3 warpgroups
-#define CONSUMER_WARPS 8
+#define THREADS (128 * (1 + CONSUMERS))  // the loading warpgroup and the consumers
+#define CONSUMER_WARPS (4 * CONSUMERS)
 #define STAGE_KEYS KSB          // keys per ring stage: one K scale block, one TMA box of K and of V^T
 #define Q_BYTES (BQ * HD)
 #define K_BYTES (STAGE_KEYS * HD)
 #define STAGE_BYTES (2 * K_BYTES)  // K rows, then V^T rows (128 channels x 128 keys)
 #define ONES_BYTES 1024            // after the ring: e4m3 1.0 in every byte, L_IN_CORE's B operand
-static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the ones tile, a word each");
+static_assert(ONES_BYTES <= 4 * (THREADS - 128), "the consumer threads write the ones tile, a word each");
 #define OUT_PITCH (2 * HD + 16)         // bytes per row of a warp's out staging: the 16 bytes of padding
                                         // make the fragment's 4-byte stores free of bank conflicts
 #define OUT_WARP_BYTES (16 * OUT_PITCH)  // a consumer warp's 16 rows
@@ -88,7 +93,9 @@ static_assert(ONES_BYTES == 4 * (THREADS - 128), "the consumer threads write the
 // what the ring holds), 2 replaces the softmax by a constant P, 4 issues no wgmma, 8 replaces each
 // score's ex2 by a multiplication: which of the loads, the softmax, its special-function unit and
 // the matrix products bounds the loop (docs/hopper.md, "What bounds the loop"); 16 runs each
-// softmax twice (softmax_block), 32 leaves out the epilogue (what a short segment's tiles pay).
+// softmax twice (softmax_block), 32 leaves out the epilogue (what a short segment's tiles pay),
+// 64 leaves the second consumer warpgroup idle (it only frees the stages and the Q tile), so that
+// the first runs its rows alone: its stage time with no other warpgroup beside it.
 // 2 and 16 take the S128 loop's softmax one half at a time (MAX_AHEAD 0's order).
 #ifndef DBG_PERF
 #define DBG_PERF 0
@@ -529,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
   [[maybe_unused]] u8* const out_stage = smem_raw + (ones + ONES_BYTES - smem_u32(smem_raw));  // STAGED_OUT
   const int wg = threadIdx.x >> 7;
-  if (L_IN_CORE && threadIdx.x >= 128) {  // the consumer threads, one word each
+  // the consumer threads, a word each (the first ONES_BYTES / 4 of them with three consumer warpgroups)
+  if (L_IN_CORE && threadIdx.x >= 128 && (ONES_BYTES == 4 * (THREADS - 128) || threadIdx.x < 128 + ONES_BYTES / 4)) {
     *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
     fence_proxy_async_shared();
   }
@@ -604,6 +612,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const int end = q_bounds[seg + 1], kb0 = block_offset[seg];
       const int n_stages = (len + STAGE_KEYS - 1) / STAGE_KEYS;
       const int n_blocks = (len + BKV - 1) / BKV;
+#if DBG_PERF & 64
+      if (consumer == 1) {
+        mbar_wait(&q_full, q_phase);
+        q_phase ^= 1;
+        for (int st = 0; st < n_stages; ++st) {
+          mbar_wait(&full[stage], phase);
+          if (lane == 0) mbar_arrive(&empty[stage]);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        if (lane == 0) mbar_arrive(&q_empty);
+        continue;
+      }
+#endif
       const bool one_block = ONE_BLOCK_SYNC && n_blocks == 1;  // CTA-uniform: S on mma.sync, l in FP32
       const int row0 = q0 + 64 * consumer + 16 * warp + g, row1 = row0 + 8;  // this lane's two query rows
       // log2(e) * softmax_scale * s_q per row; rows past the segment give S = 0 and are not written

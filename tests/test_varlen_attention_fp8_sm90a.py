@@ -90,8 +90,41 @@ def test_varlen_sm90a_build_without_its_constants_stops():
 def test_varlen_sm90a_constants_fit_the_kernel_and_sm90():
     assert hopper.BKV == L.BKV  # the same key blocks as the mma.sync kernel: the same running max
     assert hopper.KSB == L.KSB == 128 and hopper.HD == 128 and hopper.BQ == 128
-    assert hopper.SMEM_BYTES <= 227 * 1024
-    assert 24 * 128 + 2 * hopper.CONSUMER_REGS * 128 <= 65536
+    assert hopper.SMEM_BYTES <= 227 * 1024 and hopper.shape() == (hopper.BQ, hopper.THREADS, hopper.SMEM_BYTES)
+    for consumers, (producer, consumer) in hopper.REGS.items():  # setmaxnreg within the SM's 65536
+        bq, threads, smem = hopper.shape(consumers)
+        assert bq == 64 * consumers and threads == 128 * (1 + consumers) and smem <= 227 * 1024
+        assert producer * 128 + consumers * consumer * 128 <= 65536 and producer % 8 == 0 and consumer % 8 == 0
+        d = hopper.defines(CONSUMERS=consumers)
+        assert (d["BQ"], d["PRODUCER_REGS"], d["CONSUMER_REGS"]) == (bq, producer, consumer)
+
+
+def test_varlen_sm90a_three_consumer_build_takes_192_query_tiles(monkeypatch):
+    """The CONSUMERS 3 build: the call's plan cuts 192-query tiles, its Q box is 192 rows, and
+    the launch takes 512 threads and that build's shared memory."""
+    from h3kernels._launch import varlen_attention_fp8_plan as P
+
+    c3 = (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))
+    assert c3 in hopper.ACCUMULATION and hopper.q_tile() == 128
+    with hopper.use_build(c3):
+        assert hopper.q_tile() == 192
+    tiles, _, _, _ = P.plan_arrays((0, 400, 400, 590), 2, 192)
+    assert tiles[:, 2].tolist() == [0, 192, 384, 0, 192, 384, 400, 400] and tiles[:, 3].tolist() == [0, 0, 0, 1, 1, 1, 0, 1]
+    assert P.plan_arrays((0, 400), 2)[0][:, 2].tolist() == [0, 128, 256, 384] * 2
+    monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
+    assert hopper.maps(1, 10, 2, 10, 3, 4, 128, 192)[0] == (1, 10, 4 * 128, 192)
+    launched = []
+
+    class F:
+        def launch(self, stream, grid, threads, values):
+            launched.append((grid, threads))
+
+    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: (F(), 132))
+    call = types.SimpleNamespace(device_id=0, stream_ptr=7)
+    values = [0] * (len(hopper.PARAMS) - 3)
+    hopper.launch(call, 500, (), values, c3)
+    hopper.launch(call, 5, (), values)
+    assert launched == [((132, 1), 512), ((5, 1), 384)]
 
 
 def test_varlen_sm90a_map_parameters_sit_where_the_entry_expects_them():
@@ -276,6 +309,24 @@ def test_varlen_sm90a_schedules_give_the_default_bits(variant, seed):
     torch.cuda.synchronize()
     assert torch.isfinite(want.float()).all()
     assert same_bits(got, want) and same_bits(lse, want_lse)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("seqlens,heads,k_offset", [([1000, 0, 129, 64, 300, 1], 8, 0.0), ([191, 192, 193, 383, 385], 4, 0.0),
+                                                   ([300, 0, 77, 1, 2000], 56, 40.0), ([7000, 3000, 0, 6000, 384], 2, 0.0)])
+def test_varlen_sm90a_three_consumer_build_within_the_bounds(seqlens, heads, k_offset, seed):
+    """The CONSUMERS 3 build (192-query tiles, O in the tensor core) within the attention's bounds,
+    its lse the default's, two runs bitwise equal."""
+    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
+    want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
+        got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+        again = run3(q, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got.float()).all() and same_bits(got, again)
+    assert not attention_misses(got, q, k, v, cu)
+    assert torch.allclose(lse, want_lse, rtol=1e-5, atol=0)  # the lse's own FP32 sum: the default's up to order
 
 
 @pytest.mark.gpu

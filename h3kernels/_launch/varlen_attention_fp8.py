@@ -169,8 +169,9 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
         cu_stride, block_offset, blocks, base)
-    _attend(call, form, (cu_host, heads), lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes,
-            q, out, lse, None, None, scale)
+    q_tile = hopper.q_tile() if form == hopper.FORM else BQ
+    _attend(call, form, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens, segments,
+            heads, passes, q, out, lse, None, None, scale)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -185,7 +186,8 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), blocks, base)
-    _attend(call, form, ("cross", cu_q, cu_k, heads), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads),
+    q_tile = hopper.q_tile() if form == hopper.FORM else BQ
+    _attend(call, form, ("cross", cu_q, cu_k, heads, q_tile), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
             max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
@@ -214,7 +216,7 @@ def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes,
                     int(q.shape[0]), scale, q_bounds)
             if form == hopper.FORM:  # K rows past the keys' tokens are masked, whatever they hold
                 maps = hopper.maps(base + o_q8, int(q.shape[0]), base + o_k8, ws_tokens, base + o_v8t, heads,
-                                   n * K_BLOCK)
+                                   n * K_BLOCK, hopper.q_tile())
                 hopper.launch(call, n_tiles, maps, (tiles, n_tiles, block_offset, base + o_sq, base + o_sk, *tail,
                                                     scale * LOG2E, *rest))
             else:

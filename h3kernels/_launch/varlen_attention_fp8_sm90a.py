@@ -18,6 +18,8 @@ ARCHS = (ARCH,)  # what compile_check builds this source for
 FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
 
 # cuda_src/varlen_attention_fp8_sm90a.cu, built with exactly these (defines()):
+CONSUMERS = 2  # softmax warpgroups of 64 query rows each; 3 (measured, not shipped): 192-query
+# tiles, 160 registers a consumer, which only the block loop with O in the tensor core fits
 BQ = plan.Q_TILE  # queries per work tile: 2 consumer warpgroups x 64 rows
 BKV = 64  # keys per softmax block, as the mma.sync kernel's (the same running max, the same P)
 KSB = K_BLOCK  # keys per K scale block, and per ring stage (one TMA box of K and of V^T)
@@ -85,12 +87,22 @@ ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 2)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0)), (("S128", 0), ("S_SPLIT", 4)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
-                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)))
-THREADS = 384
+                (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)),
+                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0)))
 ONES_BYTES = 1024
-OUT_STAGING_BYTES = 8 * 16 * (2 * HD + 16)  # STAGED_OUT: 16 rows of out per consumer warp, 16 bytes of padding each
-# Q tile, the ring, the ones tile, out's staging (also in the builds without it: one size), room to align
-SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING_BYTES + 1024
+
+
+def shape(consumers=CONSUMERS):
+    """(queries per tile, threads, dynamic shared memory bytes) of a build with that many consumer
+    warpgroups: the Q tile, the ring, the ones tile, out's staging (STAGED_OUT: 16 rows of out
+    per consumer warp, 16 bytes of padding each; also in the builds without it: one size), room
+    to align."""
+    bq = 64 * consumers
+    return bq, 128 * (1 + consumers), bq * HD + STAGES * 2 * KSB * HD + ONES_BYTES + 4 * consumers * 16 * (2 * HD + 16) + 1024
+
+
+_, THREADS, SMEM_BYTES = shape()
+REGS = {2: (PRODUCER_REGS, CONSUMER_REGS), 3: (24, 160)}  # setmaxnreg per consumer count: at most 65536 in all
 DYNAMIC_SMEM = {"h3_varlen_attention_fp8_wgmma": SMEM_BYTES}
 # map_q, map_k, map_v, tiles, n_tiles, block_offset, s_q, s_k, s_v, out, heads, scale_log2, lse
 # (0: not wanted), q, mu, tokens, softmax_scale, q_bounds
@@ -104,8 +116,12 @@ def defines(arch=ARCH, form=FORM, **variant):
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
              FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
-             STAGED_OUT=STAGED_OUT, H3_MMA_FORM=0)
+             STAGED_OUT=STAGED_OUT, CONSUMERS=CONSUMERS, H3_MMA_FORM=0)
     d.update(variant)
+    producer, consumer = REGS[d["CONSUMERS"]]
+    d["BQ"] = variant.get("BQ", 64 * d["CONSUMERS"])
+    d["PRODUCER_REGS"] = variant.get("PRODUCER_REGS", producer)
+    d["CONSUMER_REGS"] = variant.get("CONSUMER_REGS", consumer)
     return d
 
 
@@ -119,17 +135,18 @@ def attention_kernel(device_id, variant=()):
         d = defines(**dict(variant))
         ident = ("nvrtc", "varlen_attention_fp8_sm90a", tuple(sorted(d.items())))
         image = lambda: compiler.compile_cubin("varlen_attention_fp8_sm90a", ARCH, d)[0]  # noqa: E731
-        f = compiler.load_kernel(ident, image, "h3_varlen_attention_fp8_wgmma", device_id, PARAMS, SMEM_BYTES)
+        f = compiler.load_kernel(ident, image, "h3_varlen_attention_fp8_wgmma", device_id, PARAMS,
+                                 shape(d["CONSUMERS"])[2])
         k = _kernels[(device_id, variant)] = (f, sm_count(device_id))
     return k
 
 
-def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch):
+def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch, q_tile=BQ):
     """The three tensor maps (128 bytes each) of the workspace's q8 [q_rows, heads * 128] and
     k8 [k_rows, heads * 128] (128 x 128-byte boxes: 128 tokens of one head) and v8t [heads * 128,
     v_pitch] (128 channels x 128 keys); rows past the end read as zeros."""
     pitch = heads * HD
-    return (tensor_map(q8, q_rows, pitch, BQ), tensor_map(k8, k_rows, pitch, KSB),
+    return (tensor_map(q8, q_rows, pitch, q_tile), tensor_map(k8, k_rows, pitch, KSB),
             tensor_map(v8t, heads * HD, v_pitch, HD))
 
 
@@ -153,6 +170,11 @@ def build(variant=None):
     return _build[0] if variant is None else variant
 
 
+def q_tile(variant=None):
+    """Queries per plan tile of the build a launch runs (build(variant))."""
+    return 64 * dict(build(variant)).get("CONSUMERS", CONSUMERS)
+
+
 def launch(call, n_tiles, the_maps, values, variant=None):
     """The kernel on the call's stream over n_tiles plan tiles, a persistent grid of at most one
     CTA per SM. values: the parameters after the maps (PARAMS); variant: build(variant). A call
@@ -161,4 +183,5 @@ def launch(call, n_tiles, the_maps, values, variant=None):
     if values[LSE_VALUE] and dict(variant).get("L_IN_CORE", L_IN_CORE):  # else l is in FP32 already
         variant = tuple(sorted({**dict(variant), "EXACT_L": 1}.items()))
     f, sms = attention_kernel(call.device_id, variant)
-    f.launch(call.stream_ptr, (min(n_tiles, sms), 1), THREADS, (*the_maps, *values))
+    threads = shape(dict(variant).get("CONSUMERS", CONSUMERS))[1]
+    f.launch(call.stream_ptr, (min(n_tiles, sms), 1), threads, (*the_maps, *values))
