@@ -219,8 +219,9 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], u64 desc_
 // gives rows 16 w .. 16 w + 15 as four registers of four e4m3 values, the m16n8k32 mma.sync A
 // fragment (lane l, g = l / 4, c = l % 4: register r holds columns 4c .. 4c + 3, plus 16 for
 // r >= 2, of row g, plus 8 for odd r). B from shared memory as in wgmma_m64n128k32_e4m3; d in
-// its fragment layout.
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u32 (&a)[4], u64 desc_b,
+// its fragment layout, taken as two halves (d registers 0-31, e registers 32-63) as in the
+// shared-memory form, or whole.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[32], float (&e)[32], const u32 (&a)[4], u64 desc_b,
                                                          int accumulate) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
@@ -234,11 +235,17 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(e[0]), "+f"(e[1]), "+f"(e[2]), "+f"(e[3]), "+f"(e[4]), "+f"(e[5]), "+f"(e[6]), "+f"(e[7]),
+        "+f"(e[8]), "+f"(e[9]), "+f"(e[10]), "+f"(e[11]), "+f"(e[12]), "+f"(e[13]), "+f"(e[14]), "+f"(e[15]),
+        "+f"(e[16]), "+f"(e[17]), "+f"(e[18]), "+f"(e[19]), "+f"(e[20]), "+f"(e[21]), "+f"(e[22]), "+f"(e[23]),
+        "+f"(e[24]), "+f"(e[25]), "+f"(e[26]), "+f"(e[27]), "+f"(e[28]), "+f"(e[29]), "+f"(e[30]), "+f"(e[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u32 (&a)[4], u64 desc_b,
+                                                         int accumulate) {
+  wgmma_m64n128k32_e4m3_rs(*reinterpret_cast<float(*)[32]>(d), *reinterpret_cast<float(*)[32]>(d + 32), a, desc_b,
+                           accumulate);
 }
 
 // d (+)= A . B^T for a 64 x 8 x 32 step, A from registers as above, B [8 rows, 32 K] in shared

@@ -57,16 +57,19 @@
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
     !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L) || \
-    !defined(MAX_AHEAD) || !defined(STAGED_OUT) || !defined(CONSUMERS)
+    !defined(MAX_AHEAD) || !defined(STAGED_OUT) || !defined(CONSUMERS) || !defined(Q_REGS)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if (CONSUMERS != 2 && CONSUMERS != 3) || BQ != 64 * CONSUMERS || BKV != 64 || KSB != 128 || HD != 128
 #error "the warpgroup roles below assume 64 query rows per consumer warpgroup (2 or 3), 64-key blocks, 128-key stages and head dim 128"
 #endif
 // CONSUMERS 3 (measured, not shipped): a third softmax warpgroup, 192-query tiles; at the 160
-// registers four warpgroups leave each, only the block loop with O in the tensor core fits
-#if CONSUMERS == 3 && (S128 || OVERLAP || PINGPONG || !O_IN_CORE)
-#error "CONSUMERS 3 runs the block loop (S128 0, OVERLAP 0, PINGPONG 0) with O_IN_CORE"
+// registers four warpgroups leave each, only the 64-key loops (S128 0) with O in the tensor core fit
+#if Q_REGS && !S128
+#error "Q_REGS takes the S128 loops' S"
+#endif
+#if CONSUMERS == 3 && (S128 || PINGPONG || !O_IN_CORE)
+#error "CONSUMERS 3 runs the block loop or OVERLAP (S128 0, PINGPONG 0) with O_IN_CORE"
 #endif
 
 #define THREADS (128 * (1 + CONSUMERS))  // the loading warpgroup and the consumers
@@ -122,8 +125,8 @@ static_assert(ONES_BYTES <= 4 * (THREADS - 128), "the consumer threads write the
 #if H3_MMA_FORM != 0
 #error "the one-block S path uses the legacy e4m3 mma.sync (form 0)"
 #endif
-#if O_IN_CORE && (OVERLAP || S128 == 2 || DBG_STORE)
-#error "O_IN_CORE takes the block loop's or S128 1's order"
+#if O_IN_CORE && (S128 == 2 || DBG_STORE)
+#error "O_IN_CORE takes the block loop's, OVERLAP's or S128 1's order"
 #endif
 #if (FOLD_SCALE != 0 && FOLD_SCALE != 1) || (L_IN_CORE != 0 && L_IN_CORE != 1) || (EXACT_L != 0 && EXACT_L != 1) || \
     (MAX_AHEAD != 0 && MAX_AHEAD != 1)
@@ -282,21 +285,37 @@ __device__ __forceinline__ float (&pv_target(float (&o)[64], float (&part)[64], 
 
 // S of one 128-key stage (4 k32 steps of m64n128k32) into s_lo (keys 0-63: fragment registers
 // 0-31) and s_hi (keys 64-127: registers 32-63), each laid out as issue_s's s; not waited for.
-__device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 k_rows) {
+// Q_REGS: Q from the warp's registers qf (load_q), the A operand of the register form.
+__device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 k_rows,
+                                           const u32 (&qf)[HD / 32][4]) {
   if (DBG_PERF & 4) return;
   const u32 dq = wgmma_desc_lo(q_rows), dk = wgmma_desc_lo(k_rows);
 #pragma unroll
-  for (int k = 0; k < HD / 32; ++k)
-    wgmma_m64n128k32_e4m3(s_lo, s_hi, wgmma_desc_at(dq, 32 * k), wgmma_desc_at(dk, 32 * k), k);
+  for (int k = 0; k < HD / 32; ++k) {
+    if (Q_REGS)
+      wgmma_m64n128k32_e4m3_rs(s_lo, s_hi, qf[k], wgmma_desc_at(dk, 32 * k), k);
+    else
+      wgmma_m64n128k32_e4m3(s_lo, s_hi, wgmma_desc_at(dq, 32 * k), wgmma_desc_at(dk, 32 * k), k);
+  }
+}
+
+// The warp's 16 Q rows (q_rows: its first, in the swizzled Q tile) as the A fragments of the
+// four k32 steps, the ldmatrix reads of compute_s_sync.
+__device__ __forceinline__ void load_q(u32 (&qf)[HD / 32][4], u32 q_rows, int lane) {
+  const int lq = lane >> 3, lr = lane & 7;
+  const u32 q_frag = swz128(lr + 8 * (lq & 1), lq >> 1);
+#pragma unroll
+  for (int ks = 0; ks < HD / 32; ++ks) ldmatrix_x4(q_rows + (q_frag ^ (ks << 5)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
 }
 
 // The next stage's S (issue_s128) when there is one (more); else a stand-in of the same shape
 // on this stage's K rows (K . K^T), whose result is never read. A wgmma issued under a condition
 // while others are in flight had ptxas serialize every wgmma of the function (C7515), so the
-// S128 loops issue one always. The stand-in reads no Q: the Q tile may be refilled by then.
+// S128 loops issue one always. The stand-in reads no Q from shared memory: the Q tile may be
+// refilled by then (with Q_REGS its A operand is the registers' Q, whatever the tile holds).
 __device__ __forceinline__ void issue_next_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 next_k_rows,
-                                                u32 k_rows, bool more) {
-  issue_s128(s_lo, s_hi, more ? q_rows : k_rows, more ? next_k_rows : k_rows);
+                                                u32 k_rows, bool more, const u32 (&qf)[HD / 32][4]) {
+  issue_s128(s_lo, s_hi, more ? q_rows : k_rows, more ? next_k_rows : k_rows, qf);
 }
 
 // Keeps P's registers alive up to here: called after the wait that covers the P V wgmmas which
@@ -648,6 +667,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       float a0, a1;  // the rescale of the block whose P V is pending
       mbar_wait(&q_full, q_phase);
       q_phase ^= 1;
+      u32 qf[HD / 32][4];  // Q_REGS: this warp's Q rows, S's register A operand
+      if (Q_REGS) load_q(qf, a_q + 16 * warp * HD, lane);
       // block j: keys 64 j .. of the segment, in stage j / 2 of the tile (K rows 64 (j % 2) ..,
       // V^T key columns 64 (j % 2) ..); a stage is freed after the P V of its last block
 #if DBG_STORE
@@ -726,7 +747,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (n_stages > 1) sk_next = sk_col[heads];
           mbar_wait(&full[stage], phase);
           wgmma_fence();
-          issue_s128(s, s_hi, a_q, stage_base);
+          issue_s128(s, s_hi, a_q, stage_base, qf);
           wgmma_commit();
           wgmma_wait<0>();
         }
@@ -767,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         turn_wait(consumer);
 #endif
         wgmma_fence();
-        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
+        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more, qf);
         wgmma_commit();
         issue_pv(part, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true);  // P 0 without a high half
         wgmma_commit();
@@ -801,7 +822,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (n_stages > 1) sk_next = sk_col[heads];
           mbar_wait(&full[stage], phase);
           wgmma_fence();
-          issue_s128(s, s_hi, a_q, stage_base);
+          issue_s128(s, s_hi, a_q, stage_base, qf);
           wgmma_commit();
           wgmma_wait<0>();
         }
@@ -858,7 +879,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_fence();
         issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true);  // P 0 without a high half
         wgmma_commit();
-        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more);
+        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more, qf);
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);
@@ -875,6 +896,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // j runs while that P V is in the tensor core. The same arithmetic in the same order as
       // above (bitwise the same result): O takes block j - 1's partial with its own alpha.
       int pv_stage = stage;  // the stage of the block whose P V is pending
+      if (O_IN_CORE) a0 = a1 = 1.f;  // block -1's alpha: O (zero) stays as it is
 #pragma unroll
       for (int kk = 0; kk < BKV / 32; ++kk)
 #pragma unroll
@@ -889,10 +911,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if PINGPONG
         turn_wait(consumer);
 #endif
+        float(&acc)[64] = pv_target(o, part, a0, a1);  // with O_IN_CORE: O scaled by block j - 1's alpha
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();
-        issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV, lp, ones_desc, true);  // j = 0: P 0
+        issue_pv(acc, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((j + 1) & 1) * BKV, lp, ones_desc, true);  // j = 0: P 0
         wgmma_commit();
 #if PINGPONG
         turn_pass(consumer);  // the other warpgroup's wgmmas queue behind these
@@ -925,8 +948,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
       }
       // the last block's P V; it ends its stage
+      float(&acc)[64] = pv_target(o, part, a0, a1);
       wgmma_fence();
-      issue_pv(part, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV, lp, ones_desc, true);
+      issue_pv(acc, pa, ring + pv_stage * STAGE_BYTES + K_BYTES + ((n_blocks - 1) & 1) * BKV, lp, ones_desc, true);
       wgmma_commit();
       wgmma_wait<0>();
       add_block(o, part, a0, a1, lt0, lt1, lp, true);

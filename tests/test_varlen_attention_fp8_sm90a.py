@@ -317,14 +317,20 @@ def test_varlen_sm90a_schedules_give_the_default_bits(variant, seed):
                                                    ([300, 0, 77, 1, 2000], 56, 40.0), ([7000, 3000, 0, 6000, 384], 2, 0.0)])
 def test_varlen_sm90a_three_consumer_build_within_the_bounds(seqlens, heads, k_offset, seed):
     """The CONSUMERS 3 build (192-query tiles, O in the tensor core) within the attention's bounds,
-    its lse the default's, two runs bitwise equal."""
+    its lse the default's, two runs bitwise equal; its OVERLAP schedule and the two-consumer block
+    loop with O in the tensor core give its bits (the same arithmetic in the same order)."""
     q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
     want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
         got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
         again = run3(q, k, v, cu_dev, cu)
+    same = []
+    for variant in ((("CONSUMERS", 3), ("O_IN_CORE", 2), ("OVERLAP", 1), ("S128", 0)), (("O_IN_CORE", 2), ("S128", 0))):
+        with hopper.use_build(variant):
+            same.append(run3(q, k, v, cu_dev, cu))
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all() and same_bits(got, again)
+    assert all(same_bits(other, got) for other in same)
     assert not attention_misses(got, q, k, v, cu)
     assert torch.allclose(lse, want_lse, rtol=1e-5, atol=0)  # the lse's own FP32 sum: the default's up to order
 

@@ -21,6 +21,8 @@ FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
 CONSUMERS = 2  # softmax warpgroups of 64 query rows each; 3 (measured, not shipped): 192-query
 # tiles, 160 registers a consumer, which only the block loop with O in the tensor core fits
 BQ = plan.Q_TILE  # queries per work tile: 2 consumer warpgroups x 64 rows
+Q_REGS = 0  # 1 (measured, not shipped): the S128 loops' S takes Q from registers (loaded once a tile
+# by ldmatrix), the register-A wgmma, instead of reading it from shared memory in every S
 BKV = 64  # keys per softmax block, as the mma.sync kernel's (the same running max, the same P)
 KSB = K_BLOCK  # keys per K scale block, and per ring stage (one TMA box of K and of V^T)
 HD = HEAD_DIM  # 128 e4m3 = one 128-byte swizzled row
@@ -81,14 +83,15 @@ VARIANTS = ((("MAX_TREE", 0),), (("MAX_AHEAD", 0),), (("STAGES", 2),), (("PINGPO
             (("PINGPONG", 1), ("S128", 2)), (("S128", 0),), (("OVERLAP", 1), ("S128", 0)),
             (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),),
-            (("STAGED_OUT", 0),))
+            (("STAGED_OUT", 0),), (("Q_REGS", 1),))
 ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 1)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 2)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0)), (("S128", 0), ("S_SPLIT", 4)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)),
-                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0)))
+                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0)),
+                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("OVERLAP", 1), ("S128", 0)))
 ONES_BYTES = 1024
 
 
@@ -116,7 +119,7 @@ def defines(arch=ARCH, form=FORM, **variant):
              CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
              FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
-             STAGED_OUT=STAGED_OUT, CONSUMERS=CONSUMERS, H3_MMA_FORM=0)
+             STAGED_OUT=STAGED_OUT, CONSUMERS=CONSUMERS, Q_REGS=Q_REGS, H3_MMA_FORM=0)
     d.update(variant)
     producer, consumer = REGS[d["CONSUMERS"]]
     d["BQ"] = variant.get("BQ", 64 * d["CONSUMERS"])

@@ -1,0 +1,118 @@
+"""What the GPU's clock and power do under the attention: each workload runs for a few seconds
+while nvidia-smi samples the SM clock, the board power and the clock-event reasons every 50 ms
+(0x4: the software power cap), reported per workload beside its time per call.
+
+    python3 bench/attention_power.py [--set 1x16384] [--builds NAME=VALUE[,NAME=VALUE] ...] [--no-peers]
+
+Workloads: minimax_h3_varlen_attention_fp8 (the default build, then each of --builds, e.g.
+DBG_PERF=3 for the matrix products alone), cuDNN's bf16 SDPA on the same set, and the e4m3
+wgmma ceiling (h3kernels.peers.wgmma_ceiling)."""
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+import h3kernels
+from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
+from h3kernels.testing.timing import attention_flops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_attention import SETS, make_set  # noqa: E402
+
+SECONDS = 2.5
+
+
+def parse_build(text):
+    return tuple(sorted((k, int(v)) for k, v in (kv.split("=") for kv in text.split(","))))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--set", default="1x16384", choices=[n for n, _ in SETS])
+    p.add_argument("--builds", nargs="*", default=[])
+    p.add_argument("--no-peers", action="store_true")
+    args = p.parse_args()
+    out_dir = os.environ.get("OUT", "/tmp/h3out")
+    os.makedirs(out_dir, exist_ok=True)
+    lens = dict(SETS)[args.set]
+    s = make_set(lens, 56, 0, torch.device("cuda"))
+    out = torch.empty_like(s["q"])
+    flops = attention_flops(lens, 56)
+
+    def ours(variant=()):
+        def run():
+            with hopper.use_build(variant):
+                h3kernels.minimax_h3_varlen_attention_fp8(s["q"], s["k"], s["v"], s["cu"], out,
+                                                          cu_seqlens_host=s["cu_host"])
+        return run
+
+    work = [("h3kernels, default build", ours(), flops)]
+    work += [(f"h3kernels, {b}", ours(parse_build(b)), flops) for b in args.builds]
+    if not args.no_peers:
+        if len(lens) == 1 or len(set(lens)) == 1:  # one batched cuDNN call
+            views = [x.view(len(lens), lens[0], 56, 128).transpose(1, 2) for x in (s["q"], s["k"], s["v"])]
+
+            def cudnn():
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    torch.nn.functional.scaled_dot_product_attention(*views)
+            work.append(("cuDNN SDPA bf16", cudnn, flops))
+        work.append(("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None))
+    for _, f, _ in work:  # builds and warm-up outside the sampled time
+        f()
+    torch.cuda.synchronize()
+    csv = os.path.join(out_dir, "attention_power.csv")
+    with open(csv, "w") as log:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
+                                "--format=csv,noheader", "-lms", "50"], stdout=log)
+        marks = []
+        try:
+            for name, f, fl in work:
+                torch.cuda.synchronize()
+                time.sleep(0.5)
+                t0, n, start = datetime.datetime.now(), 0, time.time()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                while time.time() - start < SECONDS:
+                    f()
+                    n += 1
+                    if n % 20 == 0:
+                        torch.cuda.synchronize()
+                e1.record()
+                torch.cuda.synchronize()
+                marks.append((name, t0, datetime.datetime.now(), e0.elapsed_time(e1) / n, fl))
+            time.sleep(0.3)
+        finally:
+            smi.terminate()
+            smi.wait()
+    rows = []
+    for line in open(csv):
+        f = [x.strip() for x in line.split(",")]
+        try:
+            rows.append((datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f"), float(f[1].split()[0]),
+                         float(f[2].split()[0]), f[3]))
+        except (ValueError, IndexError):
+            pass
+    limit = subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
+                           capture_output=True, text=True).stdout.strip()
+    print(f"{limit}; set {args.set}, 56 heads; samples from 0.5 s into each workload")
+    for name, a, b, ms, fl in marks:
+        sel = [r for r in rows if a + datetime.timedelta(seconds=0.5) <= r[0] <= b]
+        if not sel:
+            print(f"{name}: no samples")
+            continue
+        clock, power = [r[1] for r in sel], [r[2] for r in sel]
+        rate = f", {fl / (ms * 1e-3) / 1e12:.0f} TFLOP/s" if fl else ""
+        print(f"{name}: {ms:.3f} ms a call{rate}; SM clock median {np.median(clock):.0f} MHz (min {min(clock):.0f}), "
+              f"power median {np.median(power):.0f} W (max {max(power):.0f}), reasons {sorted(set(r[3] for r in sel))}")
+
+
+if __name__ == "__main__":
+    main()
