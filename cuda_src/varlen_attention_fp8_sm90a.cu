@@ -11,13 +11,14 @@
 // segment's first block: l sums the rounded P in the tensor core (L_IN_CORE) and m enters with a
 // margin (FOLD_SCALE); see their comments below and in the launch layer.
 //
-// The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
-// the TMA loads: the tile's Q (128 rows x 128 bytes, one 128B-swizzled box of the q8 map over
-// [tokens, heads * 128]) and a STAGES-deep ring of 128-key stages, each a K box (128 key rows of
-// the k8 map) and a V^T box (128 channel rows x 128 keys of the v8t map over [heads * 128,
-// v_pitch]). Warpgroups 1 and 2 each own 64 query rows and run the softmax loop over the two
-// 64-key blocks of every stage. Barriers: full[s] (TMA bytes landed), empty[s] (all 8 consumer
-// warps done with the stage), q_full / q_empty likewise for the Q tile.
+// The CTA: 1 + CONSUMERS warpgroups (CONSUMERS 2; 3 a measurement build). Warpgroup 0 gives its
+// registers up and one of its threads issues the TMA loads: the tile's Q (BQ = 64 CONSUMERS
+// rows x 128 bytes, one 128B-swizzled box of the q8 map over [tokens, heads * 128]) and a
+// STAGES-deep ring of 128-key stages, each a K box (128 key rows of the k8 map) and a V^T box
+// (128 channel rows x 128 keys of the v8t map over [heads * 128, v_pitch]). The consumer
+// warpgroups each own 64 query rows and run the softmax loop over the two 64-key blocks of every
+// stage. Barriers: full[s] (TMA bytes landed), empty[s] (all CONSUMER_WARPS consumer warps done
+// with the stage), q_full / q_empty likewise for the Q tile.
 //
 // Operands: Q and K are K-major (head dim contiguous, exactly one 128-byte swizzled row), so
 // S = Q K^T is wgmma m64n64k32 from shared memory in 4 k32 steps. P V takes P from registers
@@ -65,6 +66,9 @@
 #endif
 // CONSUMERS 3 (measured, not shipped): a third softmax warpgroup, 192-query tiles; at the 160
 // registers four warpgroups leave each, only the 64-key loops (S128 0) with O in the tensor core fit
+#if (DBG_PERF & 64) && (PINGPONG || CONSUMERS != 2)
+#error "DBG_PERF 64 idles the second of two consumer warpgroups, which takes no PINGPONG turns"
+#endif
 #if Q_REGS && !S128
 #error "Q_REGS takes the S128 loops' S"
 #endif
@@ -98,7 +102,8 @@ static_assert(ONES_BYTES <= 4 * (THREADS - 128), "the consumer threads write the
 // the matrix products bounds the loop (docs/hopper.md, "What bounds the loop"); 16 runs each
 // softmax twice (softmax_block), 32 leaves out the epilogue (what a short segment's tiles pay),
 // 64 leaves the second consumer warpgroup idle (it only frees the stages and the Q tile), so that
-// the first runs its rows alone: its stage time with no other warpgroup beside it.
+// the first runs its rows alone: its stage time with no other warpgroup beside it (two consumers,
+// no PINGPONG, whose turns the idle warpgroup would never take).
 // 2 and 16 take the S128 loop's softmax one half at a time (MAX_AHEAD 0's order).
 #ifndef DBG_PERF
 #define DBG_PERF 0
@@ -555,7 +560,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
   [[maybe_unused]] u8* const out_stage = smem_raw + (ones + ONES_BYTES - smem_u32(smem_raw));  // STAGED_OUT
   const int wg = threadIdx.x >> 7;
-  // the consumer threads, a word each (the first ONES_BYTES / 4 of them with three consumer warpgroups)
+  // the first ONES_BYTES / 4 consumer threads, a word each: with two consumers that is all of
+  // them, and the first clause, true at compile time, spares that build the bound's compare
   if (L_IN_CORE && threadIdx.x >= 128 && (ONES_BYTES == 4 * (THREADS - 128) || threadIdx.x < 128 + ONES_BYTES / 4)) {
     *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
     fence_proxy_async_shared();
@@ -908,10 +914,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (j / 2 + 1 < n_stages) sk_next = sk_col[(i64)(j / 2 + 1) * heads];
           mbar_wait(&full[stage], phase);
         }
+        // with O_IN_CORE: O scaled by block j - 1's alpha, before the turn (the other warpgroup waits through a turn)
+        float(&acc)[64] = pv_target(o, part, a0, a1);
 #if PINGPONG
         turn_wait(consumer);
 #endif
-        float(&acc)[64] = pv_target(o, part, a0, a1);  // with O_IN_CORE: O scaled by block j - 1's alpha
         wgmma_fence();
         issue_s(s, a_q, ring + stage * STAGE_BYTES + (j & 1) * BKV * HD);
         wgmma_commit();

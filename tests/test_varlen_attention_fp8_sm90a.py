@@ -460,11 +460,14 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
-    monkeypatch.setattr(hopper, "launch", lambda call, n, maps, values: launched.append((n, maps, values)))
+    monkeypatch.setattr(hopper, "launch", lambda call, n, maps, values, variant: launched.append((n, maps, values)))
     q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
     out, lse = torch.zeros_like(q), torch.zeros(heads, cu[-1])
     L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3, lse)
     (n_tiles, maps, values), = launched
+    # a use_build change after the call resolved its build does not reach the launch
+    with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
+        assert L._build(3) == (hopper.build(), 192) and L._build(0) == (None, 128)
     parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
     assert n_tiles == len(tiles) == 10 and len(maps) + len(values) == len(hopper.PARAMS)
     assert maps == ((base + parts["q8"][0], cu[-1], heads * 128, 128), (base + parts["k8"][0], cu[-1], heads * 128, 128),

@@ -169,9 +169,9 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
         cu_stride, block_offset, blocks, base)
-    q_tile = hopper.q_tile() if form == hopper.FORM else BQ
-    _attend(call, form, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens, segments,
-            heads, passes, q, out, lse, None, None, scale)
+    variant, q_tile = _build(form)
+    _attend(call, form, variant, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens,
+            segments, heads, passes, q, out, lse, None, None, scale)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -186,16 +186,27 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), blocks, base)
-    q_tile = hopper.q_tile() if form == hopper.FORM else BQ
-    _attend(call, form, ("cross", cu_q, cu_k, heads, q_tile), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
+    variant, q_tile = _build(form)
+    _attend(call, form, variant, ("cross", cu_q, cu_k, heads, q_tile), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
             max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
-def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
+def _build(form):
+    """(the Hopper build this call runs, or None for the mma.sync kernel; its queries per plan
+    tile), resolved once so that the plan, the Q box and the launch agree whatever use_build
+    does meanwhile."""
+    if form != hopper.FORM:
+        return None, BQ
+    variant = hopper.build()
+    return variant, hopper.q_tile(variant)
+
+
+def _attend(call, form, variant, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v,
+            scale):
     """What run and run_partial share, under the stream's workspace lock: the plan (uploaded once
     per key), the workspace laid out for ws_tokens tokens, the passes `passes(n, block_offset,
-    blocks, base)` gives, then the attention kernel. mu and s_v: addresses, or None for the
-    workspace's own (which the passes fill)."""
+    blocks, base)` gives, then the attention kernel (the Hopper build `variant`, _build's). mu and
+    s_v: addresses, or None for the workspace's own (which the passes fill)."""
     if form != hopper.FORM:
         f, max_ctas = attention_kernel(call.device_id, form)
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
@@ -216,9 +227,9 @@ def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes,
                     int(q.shape[0]), scale, q_bounds)
             if form == hopper.FORM:  # K rows past the keys' tokens are masked, whatever they hold
                 maps = hopper.maps(base + o_q8, int(q.shape[0]), base + o_k8, ws_tokens, base + o_v8t, heads,
-                                   n * K_BLOCK, hopper.q_tile())
+                                   n * K_BLOCK, hopper.q_tile(variant))
                 hopper.launch(call, n_tiles, maps, (tiles, n_tiles, block_offset, base + o_sq, base + o_sk, *tail,
-                                                    scale * LOG2E, *rest))
+                                                    scale * LOG2E, *rest), variant)
             else:
                 f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
                          (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,

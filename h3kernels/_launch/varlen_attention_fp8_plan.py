@@ -1,7 +1,8 @@
 """The segment plan of minimax_h3_varlen_attention_fp8: its work tiles, longest segment first.
 
 A work tile is (segment start, segment length, first query of a 128-query tile, head, segment
-index; a build of the Hopper kernel with three consumer warpgroups takes 192-query tiles); the index finds the segment's K scale blocks (block_offset), its V columns and s_v, and
+index; a measurement build of the Hopper kernel with three consumer warpgroups takes 192-query
+tiles). The index finds the segment's K scale blocks (block_offset), its V columns and s_v, and
 its query bound (q_bounds). With two segmentations (queries of one token range against the keys
 of another, the ring's step) the start and length are the keys' (cross_plan_arrays). The
 persistent attention kernel walks the rows in order, so the longest (most expensive) tiles go
