@@ -3,10 +3,14 @@ while nvidia-smi samples the SM clock, the board power and the clock-event reaso
 (0x4: the software power cap), reported per workload beside its time per call.
 
     python3 bench/attention_power.py [--set 1x16384] [--builds NAME=VALUE[,NAME=VALUE] ...] [--no-peers]
+                                     [--inputs normal|signs|zeros]
 
 Workloads: minimax_h3_varlen_attention_fp8 (the default build, then each of --builds, e.g.
 DBG_PERF=3 for the matrix products alone), cuDNN's bf16 SDPA on the same set, and the e4m3
-wgmma ceiling (h3kernels.peers.wgmma_ceiling)."""
+wgmma ceiling (h3kernels.peers.wgmma_ceiling). --inputs signs replaces q, k and v by the signs
+of the random draws (every e4m3 code then +-448 up to K's smoothing: the tensor core's operands
+toggle little more than their sign bits), zeros by zeros: how much of the power the operands'
+bits draw."""
 import argparse
 import datetime
 import os
@@ -37,11 +41,17 @@ def main():
     p.add_argument("--set", default="1x16384", choices=[n for n, _ in SETS])
     p.add_argument("--builds", nargs="*", default=[])
     p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--inputs", default="normal", choices=("normal", "signs", "zeros"))
     args = p.parse_args()
     out_dir = os.environ.get("OUT", "/tmp/h3out")
     os.makedirs(out_dir, exist_ok=True)
     lens = dict(SETS)[args.set]
     s = make_set(lens, 56, 0, torch.device("cuda"))
+    for name in ("q", "k", "v"):
+        if args.inputs == "signs":
+            s[name] = torch.sign(s[name])
+        elif args.inputs == "zeros":
+            s[name] = torch.zeros_like(s[name])
     out = torch.empty_like(s["q"])
     flops = attention_flops(lens, 56)
 
@@ -102,7 +112,7 @@ def main():
             pass
     limit = subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
                            capture_output=True, text=True).stdout.strip()
-    print(f"{limit}; set {args.set}, 56 heads; samples from 0.5 s into each workload")
+    print(f"{limit}; set {args.set}, 56 heads, {args.inputs} inputs; samples from 0.5 s into each workload")
     for name, a, b, ms, fl in marks:
         sel = [r for r in rows if a + datetime.timedelta(seconds=0.5) <= r[0] <= b]
         if not sel:
