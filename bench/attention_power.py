@@ -6,7 +6,8 @@ while nvidia-smi samples the SM clock, the board power and the clock-event reaso
                                      [--inputs normal|signs|zeros]
 
 Workloads: minimax_h3_varlen_attention_fp8 (the default build, then each of --builds, e.g.
-DBG_PERF=3 for the matrix products alone), cuDNN's bf16 SDPA on the same set, and the e4m3
+DBG_PERF=3 for the matrix products alone), cuDNN's bf16 SDPA on the same set (as
+h3kernels.peers.torch_attention runs it, out packed), and the e4m3
 wgmma ceiling (h3kernels.peers.wgmma_ceiling). --inputs signs replaces q, k and v by the signs
 of the random draws (every e4m3 code then +-448 up to K's smoothing: the tensor core's operands
 toggle little more than their sign bits), zeros by zeros: how much of the power the operands'
@@ -23,6 +24,7 @@ import torch
 
 import h3kernels
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+from h3kernels.peers.torch_attention import sdpa_backend_bf16
 from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
 from h3kernels.testing.timing import attention_flops
 
@@ -65,15 +67,9 @@ def main():
     work = [("h3kernels, default build", ours(), flops)]
     work += [(f"h3kernels, {b}", ours(parse_build(b)), flops) for b in args.builds]
     if not args.no_peers:
-        if len(lens) == 1 or len(set(lens)) == 1:  # one batched cuDNN call
-            views = [x.view(len(lens), lens[0], 56, 128).transpose(1, 2) for x in (s["q"], s["k"], s["v"])]
-
-            def cudnn():
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    torch.nn.functional.scaled_dot_product_attention(*views)
-            work.append(("cuDNN SDPA bf16", cudnn, flops))
+        cudnn, label = sdpa_backend_bf16(s["q"], s["k"], s["v"], s["cu_host"], "CUDNN_ATTENTION")
+        if cudnn is not None:  # as bench_attention.py times it: batched where the segments allow
+            work.append((label, cudnn, flops))
         work.append(("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None))
     for _, f, _ in work:  # builds and warm-up outside the sampled time
         f()

@@ -64,14 +64,14 @@
 #if (CONSUMERS != 2 && CONSUMERS != 3) || BQ != 64 * CONSUMERS || BKV != 64 || KSB != 128 || HD != 128
 #error "the warpgroup roles below assume 64 query rows per consumer warpgroup (2 or 3), 64-key blocks, 128-key stages and head dim 128"
 #endif
-// CONSUMERS 3 (measured, not shipped): a third softmax warpgroup, 192-query tiles; at the 160
-// registers four warpgroups leave each, only the 64-key loops (S128 0) with O in the tensor core fit
 #if (DBG_PERF & 64) && (PINGPONG || CONSUMERS != 2)
 #error "DBG_PERF 64 idles the second of two consumer warpgroups, which takes no PINGPONG turns"
 #endif
 #if Q_REGS && !S128
 #error "Q_REGS takes the S128 loops' S"
 #endif
+// CONSUMERS 3 (measured, not shipped): a third softmax warpgroup, 192-query tiles; at the 160
+// registers four warpgroups leave each, only the 64-key loops (S128 0) with O in the tensor core fit
 #if CONSUMERS == 3 && (S128 || PINGPONG || !O_IN_CORE)
 #error "CONSUMERS 3 runs the block loop or OVERLAP (S128 0, PINGPONG 0) with O_IN_CORE"
 #endif
@@ -223,15 +223,20 @@ __device__ __forceinline__ void add_s(float (&s)[32], float (&d)[32]) {
 // S of a segment's only 64-key block on mma.sync m16n8k32: varlen_attention_fp8.cu's steps
 // (s_step_mma_sync), so the same S bits, from the same swizzled tiles; the m16n8 C registers of
 // n8 tile nt are s[4 nt .. 4 nt + 3], the wgmma layout. q_rows: this warp's 16 query rows.
-__device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k_rows, int lane) {
+// The A fragment (the m16n8k32 mma.sync one, also the register A of wgmma) of k32 step ks of a
+// warp's 16 Q rows (q_rows: its first, in the swizzled Q tile).
+__device__ __forceinline__ void load_q_step(u32 (&qa)[4], u32 q_rows, int lane, int ks) {
   const int lq = lane >> 3, lr = lane & 7;  // ldmatrix: lane gives row lr of matrix lq
-  const u32 q_frag = swz128(lr + 8 * (lq & 1), lq >> 1);
+  ldmatrix_x4(q_rows + (swz128(lr + 8 * (lq & 1), lq >> 1) ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
+}
+
+__device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k_rows, int lane) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
 #pragma unroll
   for (int ks = 0; ks < HD / 32; ++ks) {
     u32 qa[4];
-    ldmatrix_x4(q_rows + (q_frag ^ (ks << 5)), qa[0], qa[1], qa[2], qa[3]);
+    load_q_step(qa, q_rows, lane, ks);
     s_step_mma_sync<BKV>(*reinterpret_cast<float(*)[BKV / 8][4]>(s), qa, k_rows, ks, lane);
   }
 }
@@ -304,13 +309,10 @@ __device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32],
   }
 }
 
-// The warp's 16 Q rows (q_rows: its first, in the swizzled Q tile) as the A fragments of the
-// four k32 steps, the ldmatrix reads of compute_s_sync.
+// The warp's 16 Q rows as the A fragments of all four k32 steps (Q_REGS).
 __device__ __forceinline__ void load_q(u32 (&qf)[HD / 32][4], u32 q_rows, int lane) {
-  const int lq = lane >> 3, lr = lane & 7;
-  const u32 q_frag = swz128(lr + 8 * (lq & 1), lq >> 1);
 #pragma unroll
-  for (int ks = 0; ks < HD / 32; ++ks) ldmatrix_x4(q_rows + (q_frag ^ (ks << 5)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+  for (int ks = 0; ks < HD / 32; ++ks) load_q_step(qf[ks], q_rows, lane, ks);
 }
 
 // The next stage's S (issue_s128) when there is one (more); else a stand-in of the same shape

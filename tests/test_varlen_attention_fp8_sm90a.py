@@ -109,22 +109,30 @@ def test_varlen_sm90a_three_consumer_build_takes_192_query_tiles(monkeypatch):
     with hopper.use_build(c3):
         assert hopper.q_tile() == 192
     tiles, _, _, _ = P.plan_arrays((0, 400, 400, 590), 2, 192)
-    assert tiles[:, 2].tolist() == [0, 192, 384, 0, 192, 384, 400, 400] and tiles[:, 3].tolist() == [0, 0, 0, 1, 1, 1, 0, 1]
+    assert tiles[:, 2].tolist() == [0, 192, 384, 0, 192, 384, 400, 400]
+    assert tiles[:, 3].tolist() == [0, 0, 0, 1, 1, 1, 0, 1]
     assert P.plan_arrays((0, 400), 2)[0][:, 2].tolist() == [0, 128, 256, 384] * 2
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
     assert hopper.maps(1, 10, 2, 10, 3, 4, 128, 192)[0] == (1, 10, 4 * 128, 192)
-    launched = []
+    launched, loaded = [], []
 
     class F:
         def launch(self, stream, grid, threads, values):
             launched.append((grid, threads))
 
-    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: (F(), 132))
+    def load_kernel(ident, image, name, device_id, params, smem):
+        loaded.append(smem)
+        return F()
+
+    monkeypatch.setattr(hopper, "_kernels", {})
+    monkeypatch.setattr(hopper, "sm_count", lambda device_id: 132)
+    monkeypatch.setattr(compiler, "load_kernel", load_kernel)
     call = types.SimpleNamespace(device_id=0, stream_ptr=7)
     values = [0] * (len(hopper.PARAMS) - 3)
     hopper.launch(call, 500, (), values, c3)
     hopper.launch(call, 5, (), values)
     assert launched == [((132, 1), 512), ((5, 1), 384)]
+    assert loaded == [hopper.shape(3)[2], hopper.SMEM_BYTES]
 
 
 def test_varlen_sm90a_map_parameters_sit_where_the_entry_expects_them():
@@ -202,7 +210,7 @@ def test_use_build_sets_the_variant_of_launches_given_none(monkeypatch):
         def launch(self, *a):
             pass
 
-    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: built.append(variant) or (Kernel(), 4))
+    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: built.append(variant) or (Kernel(), 4, 384))
     call = types.SimpleNamespace(device_id=0, stream_ptr=0)
     values = [0] * (len(hopper.PARAMS) - 3)
     with_lse = list(values)

@@ -169,8 +169,9 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
         cu_stride, block_offset, blocks, base)
-    variant, q_tile = _build(form)
-    _attend(call, form, variant, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens,
+    build = _build(form)
+    _, q_tile = build
+    _attend(call, form, build, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens,
             segments, heads, passes, q, out, lse, None, None, scale)
 
 
@@ -186,8 +187,10 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), blocks, base)
-    variant, q_tile = _build(form)
-    _attend(call, form, variant, ("cross", cu_q, cu_k, heads, q_tile), lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
+    build = _build(form)
+    _, q_tile = build
+    _attend(call, form, build, ("cross", cu_q, cu_k, heads, q_tile),
+            lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
             max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
@@ -201,12 +204,13 @@ def _build(form):
     return variant, hopper.q_tile(variant)
 
 
-def _attend(call, form, variant, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v,
+def _attend(call, form, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v,
             scale):
     """What run and run_partial share, under the stream's workspace lock: the plan (uploaded once
     per key), the workspace laid out for ws_tokens tokens, the passes `passes(n, block_offset,
-    blocks, base)` gives, then the attention kernel (the Hopper build `variant`, _build's). mu and
+    blocks, base)` gives, then the attention kernel (build: _build's (Hopper variant, tile)). mu and
     s_v: addresses, or None for the workspace's own (which the passes fill)."""
+    variant, q_tile = build
     if form != hopper.FORM:
         f, max_ctas = attention_kernel(call.device_id, form)
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
@@ -227,7 +231,7 @@ def _attend(call, form, variant, plan_key, make_plan, ws_tokens, segments, heads
                     int(q.shape[0]), scale, q_bounds)
             if form == hopper.FORM:  # K rows past the keys' tokens are masked, whatever they hold
                 maps = hopper.maps(base + o_q8, int(q.shape[0]), base + o_k8, ws_tokens, base + o_v8t, heads,
-                                   n * K_BLOCK, hopper.q_tile(variant))
+                                   n * K_BLOCK, q_tile)
                 hopper.launch(call, n_tiles, maps, (tiles, n_tiles, block_offset, base + o_sq, base + o_sk, *tail,
                                                     scale * LOG2E, *rest), variant)
             else:

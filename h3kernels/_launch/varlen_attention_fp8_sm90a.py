@@ -101,7 +101,8 @@ def shape(consumers=CONSUMERS):
     per consumer warp, 16 bytes of padding each; also in the builds without it: one size), room
     to align."""
     bq = 64 * consumers
-    return bq, 128 * (1 + consumers), bq * HD + STAGES * 2 * KSB * HD + ONES_BYTES + 4 * consumers * 16 * (2 * HD + 16) + 1024
+    staging = 4 * consumers * 16 * (2 * HD + 16)
+    return bq, 128 * (1 + consumers), bq * HD + STAGES * 2 * KSB * HD + ONES_BYTES + staging + 1024
 
 
 _, THREADS, SMEM_BYTES = shape()
@@ -115,32 +116,32 @@ PARAMS = ("map",) * 3 + ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "i32",
 
 def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
-    d = dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, PRODUCER_REGS=PRODUCER_REGS,
-             CONSUMER_REGS=CONSUMER_REGS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
+    d = dict(BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
              FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
              STAGED_OUT=STAGED_OUT, CONSUMERS=CONSUMERS, Q_REGS=Q_REGS, H3_MMA_FORM=0)
     d.update(variant)
-    producer, consumer = REGS[d["CONSUMERS"]]
-    d["BQ"] = variant.get("BQ", 64 * d["CONSUMERS"])
-    d["PRODUCER_REGS"] = variant.get("PRODUCER_REGS", producer)
-    d["CONSUMER_REGS"] = variant.get("CONSUMER_REGS", consumer)
+    producer, consumer = REGS[d["CONSUMERS"]]  # the tile and the registers follow the consumer count
+    d.setdefault("BQ", shape(d["CONSUMERS"])[0])
+    d.setdefault("PRODUCER_REGS", producer)
+    d.setdefault("CONSUMER_REGS", consumer)
     return d
 
 
-_kernels = compiler.cache({})  # (device id, variant) -> (kernel, SMs)
+_kernels = compiler.cache({})  # (device id, variant) -> (kernel, SMs, threads)
 
 
 def attention_kernel(device_id, variant=()):
-    """The kernel on a device; `variant`: sorted (name, value) pairs overriding defines()."""
+    """(the kernel on a device, the SMs, its threads); `variant`: sorted (name, value) pairs
+    overriding defines()."""
     k = _kernels.get((device_id, variant))
     if k is None:
         d = defines(**dict(variant))
         ident = ("nvrtc", "varlen_attention_fp8_sm90a", tuple(sorted(d.items())))
         image = lambda: compiler.compile_cubin("varlen_attention_fp8_sm90a", ARCH, d)[0]  # noqa: E731
-        f = compiler.load_kernel(ident, image, "h3_varlen_attention_fp8_wgmma", device_id, PARAMS,
-                                 shape(d["CONSUMERS"])[2])
-        k = _kernels[(device_id, variant)] = (f, sm_count(device_id))
+        _, threads, smem = shape(d["CONSUMERS"])
+        f = compiler.load_kernel(ident, image, "h3_varlen_attention_fp8_wgmma", device_id, PARAMS, smem)
+        k = _kernels[(device_id, variant)] = (f, sm_count(device_id), threads)
     return k
 
 
@@ -175,7 +176,7 @@ def build(variant=None):
 
 def q_tile(variant=None):
     """Queries per plan tile of the build a launch runs (build(variant))."""
-    return 64 * dict(build(variant)).get("CONSUMERS", CONSUMERS)
+    return shape(dict(build(variant)).get("CONSUMERS", CONSUMERS))[0]
 
 
 def launch(call, n_tiles, the_maps, values, variant=None):
@@ -185,6 +186,5 @@ def launch(call, n_tiles, the_maps, values, variant=None):
     variant = build(variant)
     if values[LSE_VALUE] and dict(variant).get("L_IN_CORE", L_IN_CORE):  # else l is in FP32 already
         variant = tuple(sorted({**dict(variant), "EXACT_L": 1}.items()))
-    f, sms = attention_kernel(call.device_id, variant)
-    threads = shape(dict(variant).get("CONSUMERS", CONSUMERS))[1]
+    f, sms, threads = attention_kernel(call.device_id, variant)
     f.launch(call.stream_ptr, (min(n_tiles, sms), 1), threads, (*the_maps, *values))
