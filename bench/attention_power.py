@@ -34,10 +34,6 @@ from bench_attention import SETS, make_set  # noqa: E402
 SECONDS = 2.5
 
 
-def parse_build(text):
-    return tuple(sorted((k, int(v)) for k, v in (kv.split("=") for kv in text.split(","))))
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--set", default="1x16384", choices=[n for n, _ in SETS])
@@ -65,7 +61,7 @@ def main():
         return run
 
     work = [("h3kernels, default build", ours(), flops)]
-    work += [(f"h3kernels, {b}", ours(parse_build(b)), flops) for b in args.builds]
+    work += [(f"h3kernels, {b}", ours(hopper.parse_variant(b)), flops) for b in args.builds]
     if not args.no_peers:
         cudnn, label = sdpa_backend_bf16(s["q"], s["k"], s["v"], s["cu_host"], "CUDNN_ATTENTION")
         if cudnn is not None:  # as bench_attention.py times it: batched where the segments allow

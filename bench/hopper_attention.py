@@ -483,8 +483,7 @@ def main():
         os._exit(3)  # a hung kernel: nothing else can run on this context
     if args.only == "probe":  # timing only: the DBG_PERF builds beside the default
         if args.builds:  # the table below lists PROBES too
-            PROBES[:] = [tuple(sorted((k, int(v)) for k, v in (kv.split("=") for kv in b.split(","))))
-                         for b in args.builds]
+            PROBES[:] = [hopper.parse_variant(b) for b in args.builds]
         stage("probe", lambda: stage_time(args, [()] + PROBES, forms=(), peers=False, quant=False,
                                           sets=TIME_SETS + (("16x1024", [1024] * 16),)))
         save()

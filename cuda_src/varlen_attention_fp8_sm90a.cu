@@ -562,9 +562,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const u32 q_smem = base, ring = base + Q_BYTES, ones = ring + STAGES * STAGE_BYTES;
   [[maybe_unused]] u8* const out_stage = smem_raw + (ones + ONES_BYTES - smem_u32(smem_raw));  // STAGED_OUT
   const int wg = threadIdx.x >> 7;
-  // the first ONES_BYTES / 4 consumer threads, a word each: with two consumers that is all of
-  // them, and the first clause, true at compile time, spares that build the bound's compare
-  if (L_IN_CORE && threadIdx.x >= 128 && (ONES_BYTES == 4 * (THREADS - 128) || threadIdx.x < 128 + ONES_BYTES / 4)) {
+  // the first ONES_BYTES / 4 consumer threads, a word each (all of them with two consumers)
+  if (L_IN_CORE && threadIdx.x >= 128 && threadIdx.x < 128 + ONES_BYTES / 4) {
     *(u32*)(smem_raw + (ones - smem_u32(smem_raw)) + 4 * (threadIdx.x - 128)) = 0x38383838u;  // e4m3 1.0
     fence_proxy_async_shared();
   }

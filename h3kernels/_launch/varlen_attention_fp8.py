@@ -169,10 +169,8 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
         cu_stride, block_offset, blocks, base)
-    build = _build(form)
-    _, q_tile = build
-    _attend(call, form, build, (cu_host, heads, q_tile), lambda: plan.plan_arrays(cu_host, heads, q_tile), tokens,
-            segments, heads, passes, q, out, lse, None, None, scale)
+    _attend(call, form, (cu_host, heads), lambda q_tile: plan.plan_arrays(cu_host, heads, q_tile), tokens, segments,
+            heads, passes, q, out, lse, None, None, scale)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -187,10 +185,7 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), blocks, base)
-    build = _build(form)
-    _, q_tile = build
-    _attend(call, form, build, ("cross", cu_q, cu_k, heads, q_tile),
-            lambda: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
+    _attend(call, form, ("cross", cu_q, cu_k, heads), lambda q_tile: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
             max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
@@ -204,13 +199,13 @@ def _build(form):
     return variant, hopper.q_tile(variant)
 
 
-def _attend(call, form, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v,
-            scale):
-    """What run and run_partial share, under the stream's workspace lock: the plan (uploaded once
-    per key), the workspace laid out for ws_tokens tokens, the passes `passes(n, block_offset,
-    blocks, base)` gives, then the attention kernel (build: _build's (Hopper variant, tile)). mu and
-    s_v: addresses, or None for the workspace's own (which the passes fill)."""
-    variant, q_tile = build
+def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
+    """What run and run_partial share, under the stream's workspace lock: the build (_build), the
+    plan make_plan(its queries per tile) gives (uploaded once per key and tile), the workspace laid
+    out for ws_tokens tokens, the passes `passes(n, block_offset, blocks, base)` gives, then the
+    attention kernel. mu and s_v: addresses, or None for the workspace's own (which the passes
+    fill)."""
+    variant, q_tile = _build(form)
     if form != hopper.FORM:
         f, max_ctas = attention_kernel(call.device_id, form)
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
@@ -218,7 +213,7 @@ def _attend(call, form, build, plan_key, make_plan, ws_tokens, segments, heads, 
     stream = call.stream_ptr
     with ws.lock:
         ws.wait(capturing)
-        dev_plan = ws.plan(plan_key, make_plan, capturing)
+        dev_plan = ws.plan((*plan_key, q_tile), lambda: make_plan(q_tile), capturing)
         tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
         n_tiles, _, n, _ = dev_plan.rows
         (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)

@@ -174,6 +174,12 @@ def build(variant=None):
     return _build[0] if variant is None else variant
 
 
+def parse_variant(text):
+    """The variant of "NAME=VALUE[,NAME=VALUE ...]" (the benches' --builds): sorted (name, value)
+    pairs, as use_build and launch take them."""
+    return tuple(sorted((k, int(v)) for k, v in (kv.split("=") for kv in text.split(","))))
+
+
 def q_tile(variant=None):
     """Queries per plan tile of the build a launch runs (build(variant))."""
     return shape(dict(build(variant)).get("CONSUMERS", CONSUMERS))[0]
