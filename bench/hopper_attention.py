@@ -31,7 +31,8 @@ after every stage):
             cu_seqlens_host given), each kernel alone (its captured launch replayed), the
             quantization passes alone (with the bytes each moves and their fraction of HBM
             peak), cuDNN and flash bf16 SDPA
-  variants  the VARIANTS builds (S128 0 / 2, OVERLAP, PINGPONG, STAGES) bitwise against the default build
+  variants  the VARIANTS builds (S128 0 / 2, OVERLAP, PINGPONG, STAGES) bitwise against their peer
+            (hopper.bitwise_peer: the default build, or BLOCK_MAX for the loops without the stage max)
             (the ACCUMULATION builds against the bounds),
             each polled with a timeout; then every one with finite results timed, whole call
             and kernel alone
@@ -65,6 +66,7 @@ os.makedirs(OUT, exist_ok=True)
 T0 = time.time()
 # builds checked bitwise against the default one and timed beside it
 VARIANTS = list(hopper.VARIANTS) + list(hopper.ACCUMULATION)  # all timed
+ACC_BUILDS = list(hopper.ACCUMULATION)  # the s_split and long stages' other builds (--builds: these)
 # DBG_PERF builds (cuda_src/varlen_attention_fp8_sm90a.cu), sums of: 1 no reloads of K and V, 2 a
 # constant P, 4 no wgmma, 8 no ex2, 16 each softmax twice, 32 no epilogue, 64 the second consumer
 # warpgroup idle (the first alone, half the rows computed); timed beside the
@@ -206,13 +208,16 @@ def stage_small():
 
 
 def stage_variants():
-    """Every build of VARIANTS (the same arithmetic in the same order: bitwise the default's) and
-    of ACCUMULATION (other S sums: held to the attention's bounds instead) against the default
-    build, on a mixed set."""
+    """Every build of VARIANTS (the same arithmetic in the same order: bitwise its bitwise_peer's,
+    the default's or BLOCK_MAX's) and of ACCUMULATION (other S sums: held to the attention's bounds
+    instead) against that peer (ACCUMULATION's: the default), on a mixed set."""
     res = {}
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 3000, 1], 8, device="cuda", seed=41)
-    want, want_lse = op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True)
+    peers = {}
+    for peer in {hopper.bitwise_peer(b) if b in hopper.VARIANTS else () for b in VARIANTS}:
+        peers[peer] = _with_variant(peer, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
     for variant in VARIANTS:
+        want, want_lse = peers[hopper.bitwise_peer(variant) if variant in hopper.VARIANTS else ()]
         name = "_".join(f"{a}{b}" for a, b in variant)
         got, lse = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
         if not wait(30):
@@ -242,7 +247,7 @@ def stage_s_split(n_sets=40):
         cases.append((torch.randint(1, longest + 1, (n,), generator=rng).tolist(), 1 if seed % 2 else 8, seed))
     long_set = make_attention_inputs([4096] * 4, 4, device="cuda", seed=21)
     long_exact = exact_attention(*long_set[:3], long_set[4])
-    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in hopper.ACCUMULATION]
+    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in ACC_BUILDS]
     for name, form, variant in builds + [("form 0", 0, ())]:
         worst, worst_at, near, segments, missed, first = {}, {}, 0, 0, [], None
         for lens, heads, seed in cases:
@@ -303,7 +308,7 @@ def stage_long(n_rows=2048):
     build, each ACCUMULATION build and form 0 against exact attention on n_rows sampled query
     rows, and the reference on the same rows (the 1.1x rule)."""
     res = {}
-    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in hopper.ACCUMULATION] + [
+    builds = [("default", 3, ())] + [("_".join(f"{a}{b}" for a, b in v), 3, v) for v in ACC_BUILDS] + [
         ("form 0", 0, ())]
     for name, lens in (("1x16384", [16384]), ("1x65536", [65536])):
         q, k, v, cu_dev, cu = make_attention_inputs(lens, 2, device="cuda", seed=41)
@@ -455,7 +460,8 @@ def main():
     p.add_argument("--no-peers", action="store_true", help="skip the SDPA timings")
     p.add_argument("--s-split-sets", type=int, default=40, help="random short sets of the s_split stage")
     p.add_argument("--only", choices=("s_split", "probe", "long"), help="build, first and this stage alone")
-    p.add_argument("--builds", nargs="*", help="with --only probe: these builds in place of the DBG_PERF ones, "
+    p.add_argument("--builds", nargs="*", help="with --only probe: these builds in place of the DBG_PERF ones; "
+                   "with --only s_split or long, in place of the ACCUMULATION ones; "
                    "each NAME=VALUE[,NAME=VALUE...] (as PINGPONG=1,DBG_PERF=32)")
     args = p.parse_args()
     rep = dict(device=torch.cuda.get_device_name(), cc=list(torch.cuda.get_device_capability()),
@@ -489,6 +495,8 @@ def main():
         save()
         print(table(rep))
         return 0
+    if args.builds and args.only in ("s_split", "long"):
+        ACC_BUILDS[:] = [hopper.parse_variant(b) for b in args.builds]
     if args.only == "long":
         stage("long", stage_long)
         save()

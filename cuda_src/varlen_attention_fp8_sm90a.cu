@@ -8,8 +8,9 @@
 // segment's end masked to -inf, the running max updated, P = e4m3(256 * 2^(S - m)), l summing
 // the unquantized 2^(S - m), O = O * 2^(m_old - m) + P . V; at the end out = bf16(O * s_v /
 // (256 l)) and lse (write_rows, varlen_attention_fp8_common.cuh). Except, by default, beyond a
-// segment's first block: l sums the rounded P in the tensor core (L_IN_CORE) and m enters with a
-// margin (FOLD_SCALE); see their comments below and in the launch layer.
+// segment's first block: l sums the rounded P in the tensor core (L_IN_CORE), m enters with a
+// margin (FOLD_SCALE) and is updated once per 128-key stage (STAGE_MAX), so that a stage's two
+// blocks take one max; see their comments below and in the launch layer.
 //
 // The CTA: 1 + CONSUMERS warpgroups (CONSUMERS 2; 3 a measurement build). Warpgroup 0 gives its
 // registers up and one of its threads issues the TMA loads: the tile's Q (BQ = 64 CONSUMERS
@@ -33,16 +34,19 @@
 // head dimension, as the MLP's 128-wide K slices; S_SPLIT 2 / 4 add 64- / 32-channel chains in
 // FP32 instead), except in a segment of a single 64-key block (ONE_BLOCK_SYNC): there the
 // reference's P grid holds the output to 0.005, which those sums break on some sets, so S comes
-// from mma.sync, form 0's sums. P V of each 64-key block goes to a zeroed 64-register partial
-// (2 k32 steps), added to the FP32 O in registers with the rescale (O = O * alpha + partial),
-// so no more than 64 keys meet inside the tensor core.
+// from mma.sync, form 0's sums. P V goes to a 64-register partial in the tensor core, added to
+// the FP32 O in registers: by default the partial runs on over PROMOTE_STAGES stages (1024
+// keys; rescaled in registers where a warp's max moved) before O takes it, so no more than 1024
+// keys meet inside the tensor core; with STAGE_MAX 0 each 64-key block's partial is zeroed and
+// added with the rescale (O = O * alpha + partial): 64 keys.
 //
 // Schedules (launch constants): S128 1 / 2 (1 the default) compute a whole stage's S in one
 // m64n128 group and pipeline the stage's wgmmas; S128 0 takes each 64-key block's S, softmax and
 // P V in turn, and with OVERLAP 1 runs block j's softmax under block j - 1's P V; PINGPONG (with
 // OVERLAP or S128) makes the two consumer warpgroups take turns issuing. All keep the block
-// loop's arithmetic and order. The pipelined loops issue every wgmma on every path (stand-ins
-// where there is nothing to compute): one issued under a condition had ptxas serialize them all.
+// loop's arithmetic and order (with STAGE_MAX 0; the stage max lives in the S128 1 loop). The
+// pipelined loops issue every wgmma on every path (stand-ins where there is nothing to
+// compute): one issued under a condition had ptxas serialize them all.
 // A wgmma reads its register A fragment (P) until a wait covers it: keep_p holds P's registers
 // live until then (h3kernels/testing/ptx_checks.py checks every build's PTX for this).
 //
@@ -58,7 +62,8 @@
     !defined(PRODUCER_REGS) || !defined(CONSUMER_REGS) || !defined(OVERLAP) || !defined(PINGPONG) || !defined(S128) || \
     !defined(MAX_TREE) || !defined(S_SPLIT) || !defined(ONE_BLOCK_SYNC) || !defined(H3_MMA_FORM) || \
     !defined(FOLD_256) || !defined(FOLD_SCALE) || !defined(O_IN_CORE) || !defined(L_IN_CORE) || !defined(EXACT_L) || \
-    !defined(MAX_AHEAD) || !defined(STAGED_OUT) || !defined(CONSUMERS) || !defined(Q_REGS)
+    !defined(MAX_AHEAD) || !defined(STAGED_OUT) || !defined(CONSUMERS) || !defined(Q_REGS) || !defined(STAGE_MAX) || \
+    !defined(PROMOTE_STAGES)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 #if (CONSUMERS != 2 && CONSUMERS != 3) || BQ != 64 * CONSUMERS || BKV != 64 || KSB != 128 || HD != 128
@@ -107,6 +112,19 @@ static_assert(ONES_BYTES <= 4 * (THREADS - 128), "the consumer threads write the
 // 2 and 16 take the S128 loop's softmax one half at a time (MAX_AHEAD 0's order).
 #ifndef DBG_PERF
 #define DBG_PERF 0
+#endif
+// STAGE_MAX 1 (S128 1 with MAX_AHEAD): one running-max update per 128-key stage instead of one
+// per 64-key block. Both halves' P take the stage's max, both halves' P V go onto one
+// accumulator (the low half's issued, the high half's behind it with no wait between), and the
+// partial and l take one rescale a stage: other P values than the 64-key blocks' (so other bits).
+#if STAGE_MAX && (S128 != 1 || !MAX_AHEAD || (DBG_PERF & 18))
+#error "STAGE_MAX takes S128 1's loop with both halves' maxima ahead"
+#endif
+// PROMOTE_STAGES n (with STAGE_MAX, O in registers): the P V partial runs on in the tensor core
+// for n stages (rescaled in registers where a warp's max moved, as O_IN_CORE 2 does O), then
+// joins the FP32 O: O_IN_CORE's fewer multiplications with its chains bounded to 128 n keys.
+#if PROMOTE_STAGES && (!STAGE_MAX || O_IN_CORE)
+#error "PROMOTE_STAGES bounds STAGE_MAX's partial chains, with O in registers"
 #endif
 // O_IN_CORE 1 (measured, not shipped): each block's P V accumulates onto O in the tensor core
 // (O scaled by alpha in registers first) instead of into a zeroed partial added in FP32, so that
@@ -267,14 +285,15 @@ __device__ __forceinline__ void compute_s(float (&s)[32], u32 q_rows, u32 k_rows
 // L_IN_CORE and with_l (a constant at every call): also P . 1 into the zeroed lp, each row's sum
 // of its rounded P (ones: the descriptor of the all-ones tile, whose every byte is 1.0, so that
 // every K step reads ones from the same address).
+// part_onto, l_onto (STAGE_MAX): part and lp continue their sums instead of starting anew.
 __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV / 32][4], u32 v_keys, float (&lp)[4],
-                                         u64 ones, bool with_l) {
+                                         u64 ones, bool with_l, bool part_onto = false, bool l_onto = false) {
   if (DBG_PERF & 4) return;
   const u32 dv = wgmma_desc_lo(v_keys);
 #pragma unroll
   for (int kk = 0; kk < BKV / 32; ++kk) {
-    wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc_at(dv, 32 * kk), O_IN_CORE || kk > 0);
-    if (L_IN_CORE && with_l) wgmma_m64n8k32_e4m3_rs(lp, pa[kk], ones, kk > 0);
+    wgmma_m64n128k32_e4m3_rs(part, pa[kk], wgmma_desc_at(dv, 32 * kk), O_IN_CORE || part_onto || kk > 0);
+    if (L_IN_CORE && with_l) wgmma_m64n8k32_e4m3_rs(lp, pa[kk], ones, l_onto || kk > 0);
   }
 }
 
@@ -668,6 +687,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < 64; ++i) o[i] = 0.f;
       float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f;  // l: this lane's share of the row sum
       float lt0 = 0.f, lt1 = 0.f;  // L_IN_CORE: the row sums of the rounded P (tensor core), whole in each lane
+      [[maybe_unused]] float mo0 = neg_inf(), mo1 = neg_inf();  // PROMOTE_STAGES: the max O's values are at
       const u32 a_q = q_smem + consumer * 64 * HD;
       float s[32];
       u32 pa[BKV / 32][4];
@@ -736,6 +756,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (one_block) {  // as above, apart from the pipelined loop
         block(0, true);
       } else {
+      // The ring stepped past stage st (its index left in cur); where a next stage follows, its
+      // s_k read and its keys waited for, before the issue turn (a wait on the TMA must not hold
+      // the other warpgroup). Returns whether one follows.
+      [[maybe_unused]] const auto next_stage = [&](int st, int& cur) {
+        cur = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
+        const bool more = st + 1 < n_stages;
+        if (more) {
+          sk = sk_next;
+          if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
+          mbar_wait(&full[stage], phase);
+        }
+        return more;
+      };
 #if S128 == 2
       // As S128 1, with the next stage's S issued before the high half's P V, so that the wait
       // after them takes S only: the high half's P V then runs under the next stage's low-half
@@ -779,18 +816,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1, lt0, lt1, lp, true);
-        prev_stage = stage;
         prev_hi = has_hi;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-        const bool more = st + 1 < n_stages;
-        if (more) {
-          sk = sk_next;
-          if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
-          mbar_wait(&full[stage], phase);
-        }
+        const bool more = next_stage(st, prev_stage);
 #if PINGPONG
         turn_wait(consumer);
 #endif
@@ -821,6 +848,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       float s_hi[32];
       u32 pb[BKV / 32][4];
       float b0, b1;  // the high half's rescale
+      // The high half's P V (onto: continuing the low half's accumulators) and the next stage's S
+      // (a stand-in past the last), two groups issued in the warpgroup's turn.
+      const auto issue_hi_and_next_s = [&](float (&acc)[64], u32 stage_base, bool onto, bool more) {
+#if PINGPONG
+        turn_wait(consumer);
+#endif
+        wgmma_fence();
+        issue_pv(acc, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true, onto, onto);
+        wgmma_commit();
+        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more, qf);
+        wgmma_commit();
+#if PINGPONG
+        turn_pass(consumer);
+#endif
+      };
 #pragma unroll 1
       for (int st = 0; st < n_stages; ++st) {
         const u32 stage_base = ring + stage * STAGE_BYTES;
@@ -842,6 +884,63 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
         const bool has_hi = valid > BKV;          // CTA-uniform
         const float cb0 = c0 * sk, cb1 = c1 * sk;
+#if STAGE_MAX
+        // One max for the stage: both halves' lane maxima, one row reduction, both halves' P
+        // against it; the high half's P V continues the low half's accumulators (no wait between:
+        // wgmmas of one warpgroup onto the same registers run in issue order); O and l take the
+        // stage's alpha once, after both. A stage with no high half adds P 0 times the padding.
+        {  // the stage in its own scope: the loop below keeps its names
+          float x0, x1, y0, y1;
+          lane_max_<FOLD_SCALE>(s, x0, x1, cb0, cb1, valid, t, nodbg);
+          lane_max_<FOLD_SCALE>(s_hi, y0, y1, cb0, cb1, valid - BKV, t, nodbg);  // no keys: -inf
+          row_max_<FOLD_SCALE>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);
+          block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
+#if PROMOTE_STAGES
+          // the chain's first stage starts part anew; a later one rescales it where a row's max moved
+          const bool chain_on = st % PROMOTE_STAGES != 0;
+          if (chain_on && !__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
+#pragma unroll
+            for (int i = 0; i < 64; ++i) part[i] *= (i & 2) ? a1 : a0;
+          }
+          float(&acc)[64] = part;
+#else
+          const bool chain_on = false;
+          float(&acc)[64] = pv_target(o, part, a0, a1);
+#endif
+          wgmma_fence();
+          issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true, chain_on);
+          wgmma_commit();
+          block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - BKV, t, nodbg);
+          int cur;
+          const bool more = next_stage(st, cur);
+          issue_hi_and_next_s(acc, stage_base, true, more);
+          wgmma_wait<1>();  // both halves' P V are done; the next S may still run
+          keep_p(pa);
+          keep_p(pb);
+#if PROMOTE_STAGES
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fence_regs(lp[i]);
+          lt0 = fmaf(lt0, a0, lp[0]);
+          lt1 = fmaf(lt1, a1, lp[2]);
+          if ((st + 1) % PROMOTE_STAGES == 0 || !more) {  // the chain joins O, at O's max (mo) till now
+            const float c0o = ex2(mo0 - m0), c1o = ex2(mo1 - m1);  // 0 at the first: mo is -inf
+            mo0 = m0;
+            mo1 = m1;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) {
+              fence_regs(part[i]);
+              o[i] = fmaf(o[i], (i & 2) ? c1o : c0o, part[i]);
+            }
+          }
+#else
+          add_block(o, part, a0, a1, lt0, lt1, lp, true);
+#endif
+          if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
+          if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads are done
+          wgmma_wait<0>();
+          continue;
+        }
+#endif
 #if MAX_AHEAD_ON
         // Both halves' maxima first (their reductions and shuffles overlap), then each half's P
         float x0, x1, y0, y1;
@@ -867,30 +966,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         keep_p(pa);
         add_block(o, part, a0, a1, lt0, lt1, lp, true);
-        const int cur = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-        const bool more = st + 1 < n_stages;
-        if (more) {  // before the issue turn: a wait on the TMA must not hold the other warpgroup
-          sk = sk_next;
-          if (st + 2 < n_stages) sk_next = sk_col[(i64)(st + 2) * heads];
-          mbar_wait(&full[stage], phase);
-        }
+        int cur;
+        const bool more = next_stage(st, cur);
         // Two groups, each issued on every path (stand-ins where there is nothing to compute)
         float(&acc_hi)[64] = pv_target(o, part, b0, b1);  // without a high half b is 1 exactly
-#if PINGPONG
-        turn_wait(consumer);
-#endif
-        wgmma_fence();
-        issue_pv(acc_hi, pb, stage_base + K_BYTES + BKV, lp, ones_desc, true);  // P 0 without a high half
-        wgmma_commit();
-        issue_next_s128(s, s_hi, a_q, ring + stage * STAGE_BYTES, stage_base, more, qf);
-        wgmma_commit();
-#if PINGPONG
-        turn_pass(consumer);
-#endif
+        issue_hi_and_next_s(acc_hi, stage_base, false, more);  // P 0 without a high half
         wgmma_wait<1>();  // the high half's P V is done; the next S may still run
         keep_p(pb);
         if (has_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);

@@ -306,12 +306,14 @@ def test_varlen_sm90a_is_near_form_0_and_repeatable(seed):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("variant", hopper.VARIANTS, ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
-def test_varlen_sm90a_schedules_give_the_default_bits(variant, seed):
+def test_varlen_sm90a_schedules_give_their_peers_bits(variant, seed):
     """Every other schedule of VARIANTS (the block loop, OVERLAP, PINGPONG, S128 2, ...) gives the
-    default build's bits, lse included: segments with a masked high half (129, 300), one-block
-    segments (1, 64) and an empty one."""
-    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 300, 1], 8, device="cuda", seed=seed)
-    want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    bits of its bitwise_peer (the default, or the default's loop with 64-key maxima for the loops
+    without the stage max), lse included: segments with a masked high half (129, 2100), one-block
+    segments (1, 64), one longer than a tensor-core chain of 1024 keys (2100) and an empty one."""
+    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 2100, 1], 8, device="cuda", seed=seed)
+    with hopper.use_build(hopper.bitwise_peer(variant)):
+        want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     with hopper.use_build(variant):
         got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     torch.cuda.synchronize()
@@ -325,10 +327,12 @@ def test_varlen_sm90a_schedules_give_the_default_bits(variant, seed):
                                                    ([300, 0, 77, 1, 2000], 56, 40.0), ([7000, 3000, 0, 6000, 384], 2, 0.0)])
 def test_varlen_sm90a_three_consumer_build_within_the_bounds(seqlens, heads, k_offset, seed):
     """The CONSUMERS 3 build (192-query tiles, O in the tensor core) within the attention's bounds,
-    its lse the default's, two runs bitwise equal; its OVERLAP schedule and the two-consumer block
-    loop with O in the tensor core give its bits (the same arithmetic in the same order)."""
+    its lse that of the default loop with the same 64-key maxima (BLOCK_MAX), two runs bitwise
+    equal; its OVERLAP schedule and the two-consumer block loop with O in the tensor core give its
+    bits (the same arithmetic in the same order)."""
     q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
-    want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
+    with hopper.use_build(hopper.BLOCK_MAX):
+        want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
     with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
         got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
         again = run3(q, k, v, cu_dev, cu)
@@ -340,7 +344,7 @@ def test_varlen_sm90a_three_consumer_build_within_the_bounds(seqlens, heads, k_o
     assert torch.isfinite(got.float()).all() and same_bits(got, again)
     assert all(same_bits(other, got) for other in same)
     assert not attention_misses(got, q, k, v, cu)
-    assert torch.allclose(lse, want_lse, rtol=1e-5, atol=0)  # the lse's own FP32 sum: the default's up to order
+    assert torch.allclose(lse, want_lse, rtol=1e-5, atol=0)  # the lse's own FP32 sum: its peer's up to order
 
 
 @pytest.mark.gpu

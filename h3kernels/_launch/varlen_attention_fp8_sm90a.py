@@ -57,6 +57,15 @@ FOLD_SCALE = 1  # 1 (needs L_IN_CORE): each score's scaling to log2 units and it
 # margin |m| 2^-22 lower, so that for huge scores (queries scaled by 1e30) the maximum's P
 # saturates to 448 instead of 0 (NaN rows without the margin), which l from the rounded P follows.
 # One-block tiles (P on the reference's grid) keep the unfolded arithmetic. docs/hopper.md
+STAGE_MAX = 1  # 1: one running-max update per 128-key stage (both 64-key halves' P against the
+# stage's max, both halves' P V onto one accumulator, O and l rescaled once a stage): other P than
+# the 64-key blocks' (other bits than 0), within the bounds with the same error against exact
+# attention (docs/hopper.md). Only the S128 1 loop with MAX_AHEAD has it: a build that asks for
+# another loop, or for O_IN_CORE, gets 0 unless it names STAGE_MAX (defines())
+PROMOTE_STAGES = 8  # with STAGE_MAX: the P V partial runs on in the tensor core for this many
+# stages (1024 keys), rescaled in registers only in a warp whose max moved, then joins the FP32 O;
+# 0: O takes each stage's partial (a multiply-add per element and stage). Chains bounded to 1024
+# keys keep the error of long segments at the 64-key partials' (O_IN_CORE's grows with the length)
 O_IN_CORE = 0  # 1, 2 (measured, not shipped): P V accumulated onto O in the tensor core (docs/hopper.md)
 L_IN_CORE = 1  # 1: each row's sum l from the tensor core (P . 1 beside each block's P V, an m64n8
 # wgmma on a tile of ones) in place of 32 FP32 additions per block and thread: l then sums the
@@ -71,7 +80,9 @@ MAX_AHEAD = 1  # 1: the S128 loop takes both 64-key halves' maxima before either
 STAGED_OUT = 1  # 1: the epilogue's stores of out go through shared memory and leave as whole rows,
 # 16 bytes a lane (the fragment's own 4-byte stores touch 8 rows per warp instruction); the same
 # values: STAGED_OUT 0 is in VARIANTS
-# VARIANTS: other schedules of the same arithmetic (bitwise the default's result), none of them
+BLOCK_MAX = (("STAGE_MAX", 0),)  # the default loop with a max per 64-key block (the other loops' arithmetic)
+# VARIANTS: other schedules of the same arithmetic (bitwise the result of bitwise_peer(variant):
+# the default, or for the loops without the stage max BLOCK_MAX, the default's 64-key maxima), none of them
 # serialized by a ptxas we build with (12.8, the cuda12 extra's, and 12.9): their pipelined loops
 # issue every wgmma on every path (one issued under a condition while others were in flight had
 # ptxas serialize them all: C7513 in the OVERLAP builds under 12.8, C7515 in the S128 builds;
@@ -83,7 +94,7 @@ VARIANTS = ((("MAX_TREE", 0),), (("MAX_AHEAD", 0),), (("STAGES", 2),), (("PINGPO
             (("PINGPONG", 1), ("S128", 2)), (("S128", 0),), (("OVERLAP", 1), ("S128", 0)),
             (("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)),
             (("MAX_TREE", 0), ("OVERLAP", 1), ("PINGPONG", 1), ("S128", 0)), (("EXACT_L", 1),),
-            (("STAGED_OUT", 0),), (("Q_REGS", 1),))
+            (("STAGED_OUT", 0),), (("Q_REGS", 1), ("STAGE_MAX", 0)))  # Q_REGS spills 16 bytes beside the stage max
 ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 1)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("O_IN_CORE", 2)),
@@ -91,8 +102,16 @@ ACCUMULATION = ((("FOLD_256", 0),), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 2)),
                 (("FOLD_SCALE", 0), ("L_IN_CORE", 0), ("ONE_BLOCK_SYNC", 0), ("S128", 0), ("S_SPLIT", 4)),
                 (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0)),
-                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("OVERLAP", 1), ("S128", 0)))
+                (("CONSUMERS", 3), ("O_IN_CORE", 2), ("OVERLAP", 1), ("S128", 0)), BLOCK_MAX,
+                (("PROMOTE_STAGES", 0),), (("O_IN_CORE", 2), ("STAGE_MAX", 1)))
 ONES_BYTES = 1024
+
+
+def bitwise_peer(variant):
+    """The build whose bits a schedule of VARIANTS gives: the default where it keeps the default's
+    stage max and chains, else BLOCK_MAX."""
+    keys = ("STAGE_MAX", "PROMOTE_STAGES")
+    return () if all(defines(**dict(variant))[k] == defines()[k] for k in keys) else BLOCK_MAX
 
 
 def shape(consumers=CONSUMERS):
@@ -118,9 +137,17 @@ def defines(arch=ARCH, form=FORM, **variant):
     """The -D constants of cuda_src/varlen_attention_fp8_sm90a.cu (one build: sm_90a, form 3)."""
     d = dict(BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, TILE_INTS=TILE_INTS, OVERLAP=OVERLAP, PINGPONG=PINGPONG, S128=S128,
              MAX_TREE=MAX_TREE, MAX_AHEAD=MAX_AHEAD, S_SPLIT=S_SPLIT, ONE_BLOCK_SYNC=ONE_BLOCK_SYNC,
-             FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
+             FOLD_256=FOLD_256, FOLD_SCALE=FOLD_SCALE, STAGE_MAX=STAGE_MAX, PROMOTE_STAGES=PROMOTE_STAGES,
+             O_IN_CORE=O_IN_CORE, L_IN_CORE=L_IN_CORE, EXACT_L=EXACT_L,
              STAGED_OUT=STAGED_OUT, CONSUMERS=CONSUMERS, Q_REGS=Q_REGS, H3_MMA_FORM=0)
     d.update(variant)
+    # the stage max lives in the S128 1 loop with MAX_AHEAD; the builds that ask for another loop
+    # or for O in the tensor core keep the 64-key maxima they were measured with unless they name it
+    if "STAGE_MAX" not in variant and (d["S128"] != 1 or not d["MAX_AHEAD"] or d["O_IN_CORE"]
+                                       or d.get("DBG_PERF", 0) & 18):
+        d["STAGE_MAX"] = 0
+    if "PROMOTE_STAGES" not in variant and (not d["STAGE_MAX"] or d["O_IN_CORE"]):
+        d["PROMOTE_STAGES"] = 0
     producer, consumer = REGS[d["CONSUMERS"]]  # the tile and the registers follow the consumer count
     d.setdefault("BQ", shape(d["CONSUMERS"])[0])
     d.setdefault("PRODUCER_REGS", producer)
