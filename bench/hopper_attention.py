@@ -213,11 +213,11 @@ def stage_variants():
     instead) against that peer (ACCUMULATION's: the default), on a mixed set."""
     res = {}
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 3000, 1], 8, device="cuda", seed=41)
-    peers = {}
-    for peer in {hopper.bitwise_peer(b) if b in hopper.VARIANTS else () for b in VARIANTS}:
-        peers[peer] = _with_variant(peer, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
+    peer_of = lambda b: hopper.bitwise_peer(b) if b in hopper.VARIANTS else ()  # noqa: E731
+    peers = {p: _with_variant(p, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
+             for p in {peer_of(b) for b in VARIANTS}}
     for variant in VARIANTS:
-        want, want_lse = peers[hopper.bitwise_peer(variant) if variant in hopper.VARIANTS else ()]
+        want, want_lse = peers[peer_of(variant)]
         name = "_".join(f"{a}{b}" for a, b in variant)
         got, lse = _with_variant(variant, lambda: op(q, k, v, cu_dev, cu, 3, poisoned_like(q), return_lse=True))
         if not wait(30):

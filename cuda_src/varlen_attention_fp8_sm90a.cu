@@ -297,16 +297,20 @@ __device__ __forceinline__ void issue_pv(float (&part)[64], const u32 (&pa)[BKV 
   }
 }
 
+// An accumulator in the wgmma layout (rows row0 / row1 by register bit 1) scaled by its rows'
+// alphas. skip_held: alpha is 1 exactly where a row's max held, so a warp whose 16 rows all held
+// skips the multiplications (the same bits), as most blocks of a long segment do.
+__device__ __forceinline__ void scale_rows(float (&v)[64], float a0, float a1, bool skip_held) {
+  if (skip_held && __all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) return;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v[i] *= (i & 2) ? a1 : a0;
+}
+
 // The P V accumulator of a block: the zeroed partial, or with O_IN_CORE O itself, scaled here by
 // the block's alpha first (O is not in flight then: every caller has waited for its last P V).
 __device__ __forceinline__ float (&pv_target(float (&o)[64], float (&part)[64], float a0, float a1))[64] {
   if (O_IN_CORE) {
-    // alpha is 1 exactly where a row's max held: a warp whose 16 rows all held skips the
-    // multiplications (the same bits), as most blocks of a long segment do
-    if (!(O_IN_CORE == 2 && __all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f))) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= (i & 2) ? a1 : a0;
-    }
+    scale_rows(o, a0, a1, O_IN_CORE == 2);
     return o;
   }
   return part;
@@ -358,22 +362,30 @@ __device__ __forceinline__ void keep_p(u32 (&pa)[BKV / 32][4]) {
 // O = O * alpha + part, once part's wgmmas are waited for (with O_IN_CORE the tensor core has
 // added the block to O already); with_l: the tensor core's row sums lt = lt * alpha + the block's
 // P . 1 (lp registers 0 and 2: this lane's rows, the whole row's sum in every lane).
-__device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1, float& l0,
-                                          float& l1, float (&lp)[4], bool with_l) {
-  if (L_IN_CORE && with_l) {
+// In parts: add_l (the row sums) and add_o (O = O * c + part, c the rows' factors).
+__device__ __forceinline__ void add_l(float& l0, float& l1, float (&lp)[4], float a0, float a1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) fence_regs(lp[i]);
-    l0 = fmaf(l0, a0, lp[0]);
-    l1 = fmaf(l1, a1, lp[2]);
-  }
+  for (int i = 0; i < 4; ++i) fence_regs(lp[i]);
+  l0 = fmaf(l0, a0, lp[0]);
+  l1 = fmaf(l1, a1, lp[2]);
+}
+
+__device__ __forceinline__ void add_o(float (&o)[64], float (&part)[64], float c0, float c1) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    if (O_IN_CORE) {
-      fence_regs(o[i]);
-      continue;
-    }
     fence_regs(part[i]);  // the additions read part only after the wait
-    o[i] = fmaf(o[i], (i & 2) ? a1 : a0, part[i]);
+    o[i] = fmaf(o[i], (i & 2) ? c1 : c0, part[i]);
+  }
+}
+
+__device__ __forceinline__ void add_block(float (&o)[64], float (&part)[64], float a0, float a1, float& l0,
+                                          float& l1, float (&lp)[4], bool with_l) {
+  if (L_IN_CORE && with_l) add_l(l0, l1, lp, a0, a1);
+  if (O_IN_CORE) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_regs(o[i]);
+  } else {
+    add_o(o, part, a0, a1);
   }
 }
 
@@ -847,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // the block loop has no such block.
       float s_hi[32];
       u32 pb[BKV / 32][4];
-      float b0, b1;  // the high half's rescale
+      [[maybe_unused]] float b0, b1;  // the high half's rescale (without STAGE_MAX)
       // The high half's P V (onto: continuing the low half's accumulators) and the next stage's S
       // (a stand-in past the last), two groups issued in the warpgroup's turn.
       const auto issue_hi_and_next_s = [&](float (&acc)[64], u32 stage_base, bool onto, bool more) {
@@ -882,65 +894,49 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         if (st == n_stages - 1 && lane == 0) mbar_arrive(&q_empty);  // the tile's last S is done
         const int valid = len - st * STAGE_KEYS;  // keys of the segment from this stage's first
-        const bool has_hi = valid > BKV;          // CTA-uniform
+        [[maybe_unused]] const bool has_hi = valid > BKV;  // CTA-uniform
         const float cb0 = c0 * sk, cb1 = c1 * sk;
 #if STAGE_MAX
         // One max for the stage: both halves' lane maxima, one row reduction, both halves' P
         // against it; the high half's P V continues the low half's accumulators (no wait between:
         // wgmmas of one warpgroup onto the same registers run in issue order); O and l take the
         // stage's alpha once, after both. A stage with no high half adds P 0 times the padding.
-        {  // the stage in its own scope: the loop below keeps its names
-          float x0, x1, y0, y1;
-          lane_max_<FOLD_SCALE>(s, x0, x1, cb0, cb1, valid, t, nodbg);
-          lane_max_<FOLD_SCALE>(s_hi, y0, y1, cb0, cb1, valid - BKV, t, nodbg);  // no keys: -inf
-          row_max_<FOLD_SCALE>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);
-          block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
+        float x0, x1, y0, y1;
+        lane_max_<FOLD_SCALE>(s, x0, x1, cb0, cb1, valid, t, nodbg);
+        lane_max_<FOLD_SCALE>(s_hi, y0, y1, cb0, cb1, valid - BKV, t, nodbg);  // no keys: -inf
+        row_max_<FOLD_SCALE>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);
+        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t, nodbg);
 #if PROMOTE_STAGES
-          // the chain's first stage starts part anew; a later one rescales it where a row's max moved
-          const bool chain_on = st % PROMOTE_STAGES != 0;
-          if (chain_on && !__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
-#pragma unroll
-            for (int i = 0; i < 64; ++i) part[i] *= (i & 2) ? a1 : a0;
-          }
-          float(&acc)[64] = part;
+        // the chain's first stage starts part anew; a later one rescales it where a row's max moved
+        const bool chain_on = st % PROMOTE_STAGES != 0;
+        if (chain_on) scale_rows(part, a0, a1, true);
+        float(&acc)[64] = part;
 #else
-          const bool chain_on = false;
-          float(&acc)[64] = pv_target(o, part, a0, a1);
+        const bool chain_on = false;
+        float(&acc)[64] = pv_target(o, part, a0, a1);
 #endif
-          wgmma_fence();
-          issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true, chain_on);
-          wgmma_commit();
-          block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - BKV, t, nodbg);
-          int cur;
-          const bool more = next_stage(st, cur);
-          issue_hi_and_next_s(acc, stage_base, true, more);
-          wgmma_wait<1>();  // both halves' P V are done; the next S may still run
-          keep_p(pa);
-          keep_p(pb);
+        wgmma_fence();
+        issue_pv(acc, pa, stage_base + K_BYTES, lp, ones_desc, true, chain_on);
+        wgmma_commit();
+        block_exp_<FOLD_SCALE, SUM_L_DEFAULT>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - BKV, t, nodbg);
+        int cur;
+        const bool more = next_stage(st, cur);
+        issue_hi_and_next_s(acc, stage_base, true, more);
+        wgmma_wait<1>();  // both halves' P V are done; the next S may still run
+        keep_p(pa);
+        keep_p(pb);
 #if PROMOTE_STAGES
-#pragma unroll
-          for (int i = 0; i < 4; ++i) fence_regs(lp[i]);
-          lt0 = fmaf(lt0, a0, lp[0]);
-          lt1 = fmaf(lt1, a1, lp[2]);
-          if ((st + 1) % PROMOTE_STAGES == 0 || !more) {  // the chain joins O, at O's max (mo) till now
-            const float c0o = ex2(mo0 - m0), c1o = ex2(mo1 - m1);  // 0 at the first: mo is -inf
-            mo0 = m0;
-            mo1 = m1;
-#pragma unroll
-            for (int i = 0; i < 64; ++i) {
-              fence_regs(part[i]);
-              o[i] = fmaf(o[i], (i & 2) ? c1o : c0o, part[i]);
-            }
-          }
-#else
-          add_block(o, part, a0, a1, lt0, lt1, lp, true);
-#endif
-          if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
-          if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads are done
-          wgmma_wait<0>();
-          continue;
+        add_l(lt0, lt1, lp, a0, a1);
+        if ((st + 1) % PROMOTE_STAGES == 0 || !more) {  // the chain joins O, at O's max (mo) till now
+          const float f0 = ex2(mo0 - m0), f1 = ex2(mo1 - m1);  // 0 at the first: mo is -inf
+          mo0 = m0;
+          mo1 = m1;
+          add_o(o, part, f0, f1);
         }
+#else
+        add_block(o, part, a0, a1, lt0, lt1, lp, true);
 #endif
+#else
 #if MAX_AHEAD_ON
         // Both halves' maxima first (their reductions and shuffles overlap), then each half's P
         float x0, x1, y0, y1;
@@ -974,6 +970,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<1>();  // the high half's P V is done; the next S may still run
         keep_p(pb);
         if (has_hi) add_block(o, part, b0, b1, lt0, lt1, lp, true);
+#endif
         if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
         if (lane == 0) mbar_arrive(&empty[cur]);  // the stage's last reads are done
         wgmma_wait<0>();
