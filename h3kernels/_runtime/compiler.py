@@ -7,6 +7,7 @@ only loading does. The cache key covers the NVRTC version, the options and the t
 source and of every file it includes. The disk cache lives under $H3KERNELS_CACHE_DIR, else
 $XDG_CACHE_HOME/h3kernels, else ~/.cache/h3kernels; nothing is ever written inside the package.
 """
+import dataclasses
 import hashlib
 import os
 import re
@@ -14,7 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from h3kernels._runtime.targets import ARCH_BY_CC, MMA_FORMS, arch_for, device_cc, device_properties  # noqa: F401
+from h3kernels._runtime.targets import ARCH_BY_CC, MMA_FORMS, arch_for, device_arch, device_cc, device_properties  # noqa: F401
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -126,7 +127,10 @@ class _Nvrtc:
                     nv.compileProgram(prog, list(options))
                 except nv.NVRTCError as err:
                     raise CompileError(f"{name}: {err}\n{nv.getProgramLog(prog)}") from None
-                return getattr(nv, f"get{output}")(prog), nv.getProgramLog(prog)
+                image = getattr(nv, f"get{output}")(prog)
+                if output == "CUBIN":  # CuPy's binding drops the image's last byte (a NUL): the
+                    image += b"\0"  # driver loads it without, disassemblers call it an invalid ELF
+                return image, nv.getProgramLog(prog)
             finally:
                 nv.destroyProgram(prog)
         nv = self._cb
@@ -235,22 +239,49 @@ def load_kernel(ident, image, kernel, device_id, params, dynamic_smem=0):
         return k
 
 
-def kernel(name, kernel_name, device_id, defines, params, dynamic_smem=0):
-    """`kernel_name` of cuda_src/<name>.cu built with `defines` for device `device_id`."""
-    defines = tuple(sorted(defines.items()))
-    ident = ("nvrtc", name, defines)
-    k = _kernels.get((ident, device_id, kernel_name))
-    if k is not None:
-        return k
-    arch = arch_for(device_cc(device_id))
-    return load_kernel(ident, lambda: compile_cubin(name, arch, dict(defines))[0], kernel_name, device_id, params,
-                       dynamic_smem)
+def kernel(source, name, arch, config, device_id):
+    """The one loader of the NVRTC kernels: kernel `name` of cuda_src/<source>.cu built for `arch`
+    with `config`, loaded on device `device_id` (once; later calls return the same Kernel).
+
+    `config` is a build as a value, hashable (a frozen dataclass): config.defines() gives the -D
+    constants of the build, config.kernel_params(name) the kernel's parameters (a
+    launcher.ParamStruct, a tuple of formats, or None for a kernel launched through CuPy) and
+    config.dynamic_smem(name) its dynamic shared memory bytes."""
+    key = (source, name, arch, config, device_id)
+    k = _loaded.get(key)
+    if k is None:
+        defines = config.defines()
+        ident = ("nvrtc", source, arch, tuple(sorted(defines.items())))
+        k = load_kernel(ident, lambda: compile_cubin(source, arch, defines)[0], name, device_id,
+                        config.kernel_params(name), config.dynamic_smem(name))
+        _loaded[key] = k
+    return k
 
 
-def get_function(name, kernel_name, device_id, defines=None, dynamic_smem=0):
-    """The CuPy Function of `kernel_name` (for callers that launch through CuPy: the peers, the
-    tests of single kernels)."""
-    return kernel(name, kernel_name, device_id, dict(defines or {}), None, dynamic_smem).function
+_loaded = cache({})  # (source, name, arch, config, device id) -> Kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainBuild:
+    """A build given by its -D constants alone ((name, value) pairs), of kernels launched
+    through CuPy: the peers and the tests of single kernels."""
+    constants: tuple = ()
+
+    def defines(self):
+        return dict(self.constants)
+
+    def kernel_params(self, name):
+        return None
+
+    def dynamic_smem(self, name):
+        return 0
+
+
+def get_function(source, kernel_name, device_id, defines=None):
+    """The CuPy Function of `kernel_name` of cuda_src/<source>.cu built for the device's arch
+    with the -D constants `defines` (for callers that launch through CuPy)."""
+    build = PlainBuild(tuple(sorted((defines or {}).items())))
+    return kernel(source, kernel_name, device_arch(device_id), build, device_id).function
 
 
 def cache_usage():
