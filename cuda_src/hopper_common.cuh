@@ -50,6 +50,21 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
       : "memory");
 }
 
+// A position in a ring of STAGES buffers guarded by full / empty barrier pairs: the stage index
+// and the parity of the barrier phase to wait on, which flips each time the index wraps. The
+// producer and every consumer each keep one and advance it once per stage they are done with.
+template <int STAGES>
+struct PipelineState {
+  int index = 0;
+  u32 phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == STAGES) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // --- TMA -----------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)map) : "memory");
