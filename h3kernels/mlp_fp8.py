@@ -1,8 +1,8 @@
 """minimax_h3_mlp_fp8: the fused W8A8 MLP block (docs/spec.md): the weight preparation, the row
 stage (Numba: RMSNorm + indexed AdaLN + per-token e4m3 quantization), and the FC1 + SwiGLU and
 FC2 + requantization + gated residual GEMMs of cuda_src/mlp_fp8.cu."""
-from h3kernels import reference
 from h3kernels import _validate as validate
+from h3kernels import quantize
 from h3kernels._launch import mlp_fp8 as launch
 from h3kernels._launch import mlp_fp8_sm90a
 from h3kernels._runtime import arrays, targets
@@ -17,18 +17,18 @@ def prepare_minimax_h3_fc1_weight_fp8(w1):
     """w1 [28672, 5376] float (rows 0..14335 gate, then up) -> (e4m3 q [28672, 5376], f32 scale
     [28672]) in the kernel's prepacked row order (see minimax_h3_fc1_row_order), per docs/spec.md.
     Torch tensors (CPU or CUDA) or CuPy arrays; the result is of the same kind and device."""
-    return _prepare("w1", w1, (FC1_OUT, HIDDEN), reference.prepare_minimax_h3_fc1_weight_fp8)
+    return _prepare("w1", w1, (FC1_OUT, HIDDEN), quantize.fc1_weight)
 
 
 def prepare_minimax_h3_fc2_weight_fp8(w2):
     """w2 [5376, 14336] float -> (e4m3 q [5376, 14336], f32 scale [5376]), logical row order."""
-    return _prepare("w2", w2, (HIDDEN, FFN), reference.prepare_minimax_h3_fc2_weight_fp8)
+    return _prepare("w2", w2, (HIDDEN, FFN), quantize.fc2_weight)
 
 
 def _prepare(name, w, shape, quantize):
-    """Runs the reference quantization with torch on w's own device: every step (amax, an IEEE
-    division by a tensor, RNE e4m3 with saturation) is exact or correctly rounded there, so the
-    result is bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
+    """Runs the contract's quantization (h3kernels.quantize) with torch on w's own device: every
+    step (amax, an IEEE division by a tensor, RNE e4m3 with saturation) is exact or correctly
+    rounded there, so the result is bitwise the reference's. CuPy arrays go through DLPack on CuPy's current stream."""
     import torch
 
     checks.weight(name, w, shape, _PREPARE_ARRAYS)
@@ -105,7 +105,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
 
     # form 3's split workspace: the last wave's tiles split over K (mlp_fp8_sm90a.plan); it
     # has no flags
-    wgmma = form == mlp_fp8_sm90a.FORM
+    wgmma = targets.form_family(form) == targets.WGMMA
     plan = mlp_fp8_sm90a.plan(call.device_id, m) if wgmma else None
     # the buffers between the launches: the caller's workspaces, else one scratch allocation,
     # held until the launches are queued

@@ -49,6 +49,48 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
 
 
+def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, *,
+                                            softmax_scale=None, fp8_mma_form=-1):
+    """The attention of one share of the keys, as a ring's step needs it: the queries of segment
+    i of q (rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1]) against the keys of segment i of k, v
+    (rows cu_seqlens_k[i] ..), with K centred on k_mean and V scaled by v_scale (f32 [segments,
+    heads, 128]: the whole segments' key mean and RN(amax |V| / 448), so that every share
+    quantizes as the whole segment does). K is scaled per 128-key block from the segment's first
+    key in k. q, k, v: bf16 [tokens, heads, 128] (k and v of one shape, q with its own tokens),
+    torch CUDA tensors or CuPy arrays; the boundaries: host sequences of ints.
+
+    Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q tokens]) of the caller's kind:
+    each row's attention over this share and the natural log-sum-exp of its true scores, what
+    merging the shares by their lse needs (h3kernels.parallel.merge); a row whose segment has no
+    keys here gets out 0 and lse -inf. On the caller's current stream, no host sync."""
+    tokens_q, tokens_k, heads, cu_q, cu_k = checks.check_partial_args(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean,
+                                                                      v_scale)
+    scale = checks.softmax_scale(softmax_scale)
+    checks.fp8_mma_form(fp8_mma_form)
+    call = arrays.Call(dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale))
+    form = targets.operator_form(call.device_id, fp8_mma_form)
+    out = call.empty((tokens_q, heads, HEAD_DIM), arrays.BF16)
+    lse = call.empty((heads, tokens_q), arrays.F32)
+    previous = call.make_current()
+    try:
+        call.zero(arrays.data_ptr(out), arrays.nbytes(out))
+        _fill_neg_inf(call, lse)
+        if tokens_q and tokens_k:
+            launch.run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, k_mean, v_scale, form)
+    finally:
+        arrays.restore(previous)
+    return out, lse
+
+
+def _fill_neg_inf(call, a):
+    """a <- -inf, on the call's stream."""
+    if call.kind == "torch":
+        a.fill_(float("-inf"))
+    else:
+        with call.active():
+            a.fill(float("-inf"))
+
+
 def check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form=-1):
     """Every argument check but the devices (h3kernels._validate.varlen_attention_fp8), before
     anything is launched: (tokens, heads, softmax scale, cu_seqlens as a tuple). Without

@@ -117,15 +117,21 @@ def test_a_source_built_without_its_constants_stops(source):
         compiler.compile_cubin(source, "sm_90", {"H3_MMA_FORM": 0}, use_cache=False)
 
 
-def test_defines_cover_every_source_and_form():
+def test_every_source_builds_what_ships_for_every_arch():
+    """compile_check builds what sources.builds_for gives: the launch modules' shipped builds, as
+    values whose constants are ints, for the archs each source is built for."""
+    built = {}
     for name in compiler.sources():
-        for arch, forms in compiler.MMA_FORMS.items():
-            for form in forms:
-                d = sources.defines_for(name, arch, form)
-                assert all(isinstance(v, int) for v in d.values())
-    assert sources.defines_for("mlp_fp8", "sm_90", 0)["KS_STEP_FC1"] == 2
-    assert sources.defines_for("varlen_attention_fp8", "sm_120a", 2)["Q_IN_REGS"] == 1
-    assert sources.dynamic_smem("mlp_fp8") == {"h3_mlp_fc1": launch_mlp.SMEM_BYTES, "h3_mlp_fc2": launch_mlp.SMEM_BYTES}
+        for arch in sources.archs_for(name, ("sm_120a", "sm_90", "sm_89")):
+            for build in sources.builds_for(name, arch, uses_mma=True):
+                hash(build)  # a value: the loader keys kernels by it
+                assert all(isinstance(v, int) and not isinstance(v, bool) for v in build.defines().values())
+                for kernel in getattr(build, "kernels", ()):
+                    assert isinstance(sources.dynamic_smem(build, kernel), int)
+                built.setdefault(name, set()).add(arch)
+    assert built["mlp_fp8_sm90a"] == built["varlen_attention_fp8_sm90a"] == {"sm_90a"}
+    assert built["mlp_fp8"] == built["varlen_attention_fp8"] == {"sm_120a", "sm_90", "sm_89"}
+    assert sources.archs_for("mlp_fp8_sm90a", ("sm_89",)) == ()
     assert compiler.MMA_FORMS["sm_120a"] == (0, 2)  # form 1 builds form 0's SASS: not offered
 
 

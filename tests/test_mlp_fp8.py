@@ -148,7 +148,7 @@ def test_mlp_matches_reference(m, rows, out_mode, caller_ws, mlp_form, weights, 
         assert same_bits(out, out2)
     tag = f"M={m} rows={rows} out={out_mode} caller_ws={caller_ws} form={mlp_form}"
     check_mlp_stages(ref_inp, weights, out, ws, tag, report_exact=m in (129, 4096), form=mlp_form)
-    if targets.mlp_mma_form(out.device.index, mlp_form) != targets.WGMMA_FORM:  # the mma.sync FC2's producers
+    if targets.form_family(targets.operator_form(out.device.index, mlp_form)) == targets.MMA_SYNC:  # FC2's producers
         # hand out row groups through the flags
         assert int(ws["workspace_flags"][0]) >= -(-m // 16)  # every row group was claimed
 

@@ -8,8 +8,8 @@ from h3kernels.testing.checks import cos, rel_l2
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, fc1_row_order_numpy
 
 
-def row_inputs(m, rows, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+def row_inputs(m, rows, seed):
+    g = torch.Generator().manual_seed(seed)
     x = (torch.randn(m, HIDDEN, generator=g) * 3).bfloat16()
     w = (1 + 0.2 * torch.randn(HIDDEN, generator=g)).bfloat16()
     wide = torch.randn(rows, 6 * HIDDEN, generator=g).bfloat16()
@@ -18,8 +18,8 @@ def row_inputs(m, rows, seed=None):
 
 # --- quantization definitions ------------------------------------------------------------
 
-def test_quantize_rows_follows_the_definition_and_zero_rows_get_zero_scale():
-    v = torch.randn(5, 300) * torch.tensor([1.0, 1e-30, 0.0, 1e30, 7.0])[:, None]
+def test_quantize_rows_follows_the_definition_and_zero_rows_get_zero_scale(seed):
+    v = torch.randn(5, 300, generator=torch.Generator().manual_seed(seed)) * torch.tensor([1.0, 1e-30, 0.0, 1e30, 7.0])[:, None]
     v[2] = 0
     q, s = R.quantize_rows(v)
     amax = v.abs().amax(dim=1)
@@ -41,8 +41,8 @@ def test_fc1_row_order_is_a_permutation_pairing_gate_and_up():
     assert torch.equal(R.minimax_h3_fc1_row_order(), torch.from_numpy(order))
 
 
-def test_prepare_weights_quantize_per_row_in_prepacked_order():
-    g = torch.Generator().manual_seed(torch.seed())
+def test_prepare_weights_quantize_per_row_in_prepacked_order(seed):
+    g = torch.Generator().manual_seed(seed)
     w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g) * 0.02).bfloat16()
     w1[5] = 0  # a zero row
     q, s = R.prepare_minimax_h3_fc1_weight_fp8(w1)
@@ -68,23 +68,24 @@ def test_prepare_weights_quantize_per_row_in_prepacked_order():
 
 # --- row stage ---------------------------------------------------------------------------
 
-def test_sum_of_squares_is_an_fp32_sum():
-    x = torch.randn(64, HIDDEN).bfloat16()
+def test_sum_of_squares_is_an_fp32_sum(seed):
+    x = torch.randn(64, HIDDEN, generator=torch.Generator().manual_seed(seed)).bfloat16()
     ss = R.sum_of_squares(x)
     exact = (x.double() ** 2).sum(dim=1)
     assert ss.dtype == torch.float32
     assert ((ss.double() - exact).abs() / exact).max() < 1e-6
 
 
-def test_rms_scale_is_correctly_rounded_fp32():
-    x = (torch.randn(4096, HIDDEN) * torch.rand(4096, 1) * 10).bfloat16()
+def test_rms_scale_is_correctly_rounded_fp32(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(4096, HIDDEN, generator=g) * torch.rand(4096, 1, generator=g) * 10).bfloat16()
     ss = R.sum_of_squares(x).numpy()
     want = np.float32(1) / np.sqrt(ss / np.float32(HIDDEN) + np.float32(1e-5))  # IEEE ops in numpy
     assert np.array_equal(R.rms_scale(x, 1e-5).numpy(), want)
 
 
-def test_row_stage_follows_the_contract_elementwise():
-    x, w, sc, sh, g = row_inputs(6, 4)
+def test_row_stage_follows_the_contract_elementwise(seed):
+    x, w, sc, sh, g = row_inputs(6, 4, seed)
     idx = torch.tensor([0, 3, 1, 2, 2, 0])
     a = R.mlp_row_stage(x, w, sc, sh, idx, eps=1e-5)
     ss = R.sum_of_squares(x).numpy()
@@ -96,9 +97,9 @@ def test_row_stage_follows_the_contract_elementwise():
         assert torch.equal(a[row].view(torch.int16), want.view(torch.int16))
 
 
-def test_index_guard_zero_rows_and_column_chunk_tables():
+def test_index_guard_zero_rows_and_column_chunk_tables(seed):
     rows = 5
-    x, w, sc, sh, g = row_inputs(8, rows)
+    x, w, sc, sh, g = row_inputs(8, rows, seed)
     x[2] = 0  # zero row with a valid index: a = bf16(0 * t + shift) = shift
     idx = torch.tensor([0, -1, 3, rows, 4, 2**40, -(2**40), 1])
     a = R.mlp_row_stage(x, w, sc, sh, idx)
@@ -116,9 +117,9 @@ def test_index_guard_zero_rows_and_column_chunk_tables():
     assert s0[2] == 0 and (q0[2].view(torch.uint8) == 0).all()
 
 
-def small_mlp(m=9, rows=4):
+def small_mlp(seed, m=9, rows=4):
     """Full reference MLP on random weights (H3 sizes are fixed by the contract)."""
-    x, w, sc, sh, g = row_inputs(m, rows)
+    x, w, sc, sh, g = row_inputs(m, rows, seed)
     w1 = (torch.randn(FC1_OUT, HIDDEN, generator=g) * HIDDEN ** -0.5).bfloat16()
     w2 = (torch.randn(HIDDEN, FFN, generator=g) * FFN ** -0.5).bfloat16()
     gate = torch.randn(rows, HIDDEN, generator=g).bfloat16()
@@ -129,8 +130,8 @@ def small_mlp(m=9, rows=4):
 
 
 @pytest.fixture(scope="module")
-def mlp_case():
-    case = small_mlp()
+def mlp_case(seed_of):
+    case = small_mlp(seed_of("mlp_case"))
     x, w, sc, sh, idx, gate, residual, w1, w2 = case
     prepared = R.prepare_minimax_h3_fc1_weight_fp8(w1) + R.prepare_minimax_h3_fc2_weight_fp8(w2)
     return case, prepared
@@ -168,8 +169,8 @@ def test_mlp_tables_must_share_one_row_count(mlp_case):
         R.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate[:3], residual, q1, s1, q2, s2)
 
 
-def test_division_is_correctly_rounded_for_scalar_divisors():
-    v = torch.rand(1_000_000) * 1000
+def test_division_is_correctly_rounded_for_scalar_divisors(seed):
+    v = torch.rand(1_000_000, generator=torch.Generator().manual_seed(seed)) * 1000
     assert np.array_equal(R.div(v, 448.0).numpy(), v.numpy() / np.float32(448))
     assert np.array_equal(R.div(v, 5376).numpy(), v.numpy() / np.float32(5376))
 
@@ -201,8 +202,8 @@ def test_mlp_y_is_swiglu_of_h_in_logical_order(mlp_case):
 
 # --- attention ---------------------------------------------------------------------------
 
-def attn_inputs(seqlens, heads, k_offset=0.0, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+def attn_inputs(seqlens, heads, seed, k_offset=0.0):
+    g = torch.Generator().manual_seed(seed)
     t = sum(seqlens)
     q, k, v = (torch.randn(t, heads, 128, generator=g) for _ in range(3))
     k = k + k_offset * torch.randn(1, heads, 128, generator=g)
@@ -210,23 +211,23 @@ def attn_inputs(seqlens, heads, k_offset=0.0, seed=None):
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), cu
 
 
-def test_attention_error_is_set_by_e4m3_rounding():
-    q, k, v, cu = attn_inputs([300, 0, 129, 64], 3)
+def test_attention_error_is_set_by_e4m3_rounding(seed):
+    q, k, v, cu = attn_inputs([300, 0, 129, 64], 3, seed)
     err = rel_l2(R.minimax_h3_varlen_attention_fp8(q, k, v, cu), R.attention_exact(q, k, v, cu))
     assert 0.03 < err < 0.07, err
 
 
-def test_attention_k_offset_is_smoothed_away():
+def test_attention_k_offset_is_smoothed_away(seed):
     seqlens, heads = [256, 200], 2
-    q, k, v, cu = attn_inputs(seqlens, heads, seed=7)
+    q, k, v, cu = attn_inputs(seqlens, heads, seed)
     plain = rel_l2(R.minimax_h3_varlen_attention_fp8(q, k, v, cu), R.attention_exact(q, k, v, cu))
-    q, k, v, cu = attn_inputs(seqlens, heads, k_offset=30.0, seed=7)
+    q, k, v, cu = attn_inputs(seqlens, heads, seed, k_offset=30.0)
     shifted = rel_l2(R.minimax_h3_varlen_attention_fp8(q, k, v, cu), R.attention_exact(q, k, v, cu))
     assert abs(shifted - plain) < 0.15 * plain, (plain, shifted)
 
 
-def test_attention_quantization_blocks_and_scales():
-    q, k, v, cu = attn_inputs([300, 5], 2)
+def test_attention_quantization_blocks_and_scales(seed):
+    q, k, v, cu = attn_inputs([300, 5], 2, seed)
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
     mu = k[:300].float().mean(dim=0)
     kc = k[128:256].float() - mu
@@ -237,8 +238,8 @@ def test_attention_quantization_blocks_and_scales():
     assert torch.equal(s_q, q.float().abs().amax(dim=2) / 448.0)
 
 
-def test_attention_degenerate_inputs_give_no_nan():
-    q, k, v, cu = attn_inputs([130, 3], 2)
+def test_attention_degenerate_inputs_give_no_nan(seed):
+    q, k, v, cu = attn_inputs([130, 3], 2, seed)
     q[5] = 0  # zero Q row: uniform softmax
     k[0:128] = k[0]  # constant K in a block: s_k = 0
     v[:, :, 17] = 0  # zero V channel
@@ -249,8 +250,8 @@ def test_attention_degenerate_inputs_give_no_nan():
     assert empty.shape == (0, 2, 128)
 
 
-def test_attention_empty_segments_anywhere_and_host_seqlens():
-    q, k, v, cu = attn_inputs([0, 50, 0, 70, 0], 2)
+def test_attention_empty_segments_anywhere_and_host_seqlens(seed):
+    q, k, v, cu = attn_inputs([0, 50, 0, 70, 0], 2, seed)
     out = R.minimax_h3_varlen_attention_fp8(q, k, v, cu)
     out_h = R.minimax_h3_varlen_attention_fp8(q, k, v, cu, cu_seqlens_host=cu.tolist())
     assert torch.equal(out.view(torch.int16), out_h.view(torch.int16))

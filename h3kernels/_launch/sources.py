@@ -1,40 +1,47 @@
-"""What each cuda_src/*.cu is built with: its -D constants per (arch, mma form) and the dynamic
-shared memory each of its kernels is launched with. The launch modules own the values; this
-is where python -m h3kernels.compile_check reads them, so it checks exactly what runs."""
+"""What each cuda_src/*.cu is built with: the builds that ship, per arch. The launch modules own
+them (each exposes SOURCE, ARCHS and shipped_builds(arch): build values with defines(),
+dynamic_smem(kernel) and the tuple `kernels`); this is where python -m h3kernels compile_check
+reads them, so it checks exactly what runs. A source no launch module owns (a test kernel) is
+built with its mma form alone where it issues an mma, else as it is."""
+import dataclasses
+
 from h3kernels._launch import mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a, wgmma_ceiling
+from h3kernels._runtime import compiler
 
-_OPS = {"mlp_fp8": mlp_fp8, "mlp_fp8_sm90a": mlp_fp8_sm90a, "varlen_attention_fp8": varlen_attention_fp8,
-        "varlen_attention_fp8_sm90a": varlen_attention_fp8_sm90a, "wgmma_ceiling": wgmma_ceiling}
-_FORM_ONLY = ("mma_ceiling",)  # the mma peer: only the form
-
-
-def defines_for(source, arch, form=0):
-    """The -D constants of cuda_src/<source>.cu for `arch` (e.g. 'sm_120a') and mma form `form`."""
-    if source in _OPS:
-        return _OPS[source].defines(arch, form)
-    if source in _FORM_ONLY:
-        return {"H3_MMA_FORM": form}
-    return {}
-
-
-def dynamic_smem(source):
-    """{kernel: dynamic shared memory bytes per CTA} of cuda_src/<source>.cu ({} for none)."""
-    op = _OPS.get(source)
-    return dict(op.DYNAMIC_SMEM) if op else {}
+_MODULES = {m.SOURCE: m for m in (mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a,
+                                  wgmma_ceiling)}
 
 
 def archs_for(source, default):
-    """The archs cuda_src/<source>.cu is built for: its launch module's ARCHS (a source of
-    arch-specific instructions, e.g. wgmma on sm_90a), else `default`."""
-    op = _OPS.get(source)
-    return tuple(getattr(op, "ARCHS", default))
+    """The archs cuda_src/<source>.cu is built for: its launch module's ARCHS within `default`'s
+    families (a source of sm_90a instructions builds for sm_90a where sm_90 is asked), else
+    `default`."""
+    module = _MODULES.get(source)
+    if module is None:
+        return tuple(default)
+    return tuple(a for a in module.ARCHS if a in default or a.rstrip("a") in default)
 
 
-def forms_for(source, arch, uses_mma, mma_forms):
-    """The fp8_mma_form values cuda_src/<source>.cu is built for on `arch`: a family of its own
-    (FORM of its launch module, e.g. 3 for the wgmma kernels), else the arch's mma.sync forms
-    `mma_forms` where the source issues an mma, else one build (0)."""
-    op = _OPS.get(source)
-    if hasattr(op, "FORM"):
-        return (op.FORM,)
-    return tuple(mma_forms) if uses_mma else (0,)
+def builds_for(source, arch, uses_mma):
+    """The builds of cuda_src/<source>.cu that ship for `arch` (build values; see the module
+    docstring). uses_mma: whether the source issues an mma (for sources without a launch module:
+    one build per mma form of the arch)."""
+    module = _MODULES.get(source)
+    if module is not None:
+        return tuple(module.shipped_builds(arch))
+    forms = compiler.MMA_FORMS.get(arch, (0,)) if uses_mma else (None,)
+    return tuple(compiler.PlainBuild(() if f is None else (("H3_MMA_FORM", f),)) for f in forms)
+
+
+def label(build):
+    """A build's short name in compile_check's table: its fields (or constants) that differ from
+    their defaults, else 'shipped'."""
+    if isinstance(build, compiler.PlainBuild):
+        return ",".join(f"{k}={v}" for k, v in build.constants) or "plain"
+    fields = [f for f in dataclasses.fields(build) if getattr(build, f.name) != f.default]
+    return ",".join(f"{f.name}={getattr(build, f.name)}" for f in fields) or "shipped"
+
+
+def dynamic_smem(build, kernel):
+    """Dynamic shared memory bytes a kernel of `build` is launched with (0 for a plain build)."""
+    return build.dynamic_smem(kernel)

@@ -2,7 +2,7 @@
 launches need (read once per device), and the one FP8 mma-form selection both operators use."""
 import functools
 
-from h3kernels import _validate as validate
+from h3kernels._errors import fail
 
 ARCH_BY_CC = {(12, 0): "sm_120a", (9, 0): "sm_90", (8, 9): "sm_89"}
 
@@ -61,59 +61,56 @@ def mma_form(device_id, requested=-1):
     if requested == -1 and not isinstance(requested, bool):
         return board_form(device_id)
     if isinstance(requested, bool) or requested not in (0, 2):
-        validate.fail("fp8_mma_form", repr(requested), "-1, 0 or 2", ValueError)
+        fail("fp8_mma_form", repr(requested), "-1, 0 or 2", ValueError)
     if requested not in MMA_FORMS[device_arch(device_id)]:
         arch = device_arch(device_id)
-        validate.fail("fp8_mma_form", requested, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
+        fail("fp8_mma_form", requested, f"-1 or 0 on this {arch} board (form 2 needs sm_120a)", ValueError)
     return requested
 
 
 WGMMA_FORM = 3  # the Hopper families (cuda_src/*_sm90a.cu: wgmma + TMA), sm_90a only
-
-
-def _form_with_wgmma(device_id, requested, default_on_sm90):
-    """mma_form() plus form 3 on compute capability 9.0, where -1 picks default_on_sm90."""
-    if not isinstance(requested, bool) and requested in (-1, WGMMA_FORM):
-        arch = device_arch(device_id)
-        if requested == -1:
-            return default_on_sm90 if arch == "sm_90" else board_form(device_id)
-        if arch != "sm_90":
-            validate.fail("fp8_mma_form", requested, f"-1, 0 or 2 on this {arch} board (form 3 needs sm_90a)",
-                          ValueError)
-        return WGMMA_FORM
-    return mma_form(device_id, requested)
-
-
-def mlp_mma_form(device_id, requested=-1):
-    """mma_form() for the MLP, which also has form 3, the wgmma family, on compute capability 9.0
-    (opt-in: -1 keeps form 0 there). Its tensor cores add the products of each 32-wide K step
-    with fewer bits than FP32, so its GEMM sums differ from form 0's by more than FP32 rounding:
-    about 3% of y elements land more than 1 bf16 ulp from the reference, against the contract's
-    0.1% (docs/hopper.md)."""
-    return _form_with_wgmma(device_id, requested, 0)
-
-
-def attention_mma_form(device_id, requested=-1):
-    """mma_form() for the attention, which also has form 3 (cuda_src/varlen_attention_fp8_sm90a.cu:
-    wgmma + TMA) on compute capability 9.0, where -1 picks it: it meets the attention's bounds
-    (a segment of one 64-key block, where the reference's P grid holds the output to 0.005,
-    computes S on mma.sync as form 0 does; docs/hopper.md) and takes 0.35-0.39x form 0's time
-    there. Its results are not form 0's bits."""
-    return _form_with_wgmma(device_id, requested, WGMMA_FORM)
-
-
-# The families each operator offers on an arch (the one fp8_mma_form=-1 picks among them): what
-# `python -m h3kernels bench` times side by side. A new family of an operator is one entry here.
-OTHER_FORMS = {"mlp": {"sm_90": (0, WGMMA_FORM)}, "attention": {"sm_90": (0, WGMMA_FORM)}}
-
-
-def offered_forms(op, device_id):
-    """The fp8_mma_form values of operator `op` ('mlp' or 'attention') on a device: the one -1
-    picks first, then the other families it offers there."""
-    default = (mlp_mma_form if op == "mlp" else attention_mma_form)(device_id, -1)
-    return (default, *(f for f in OTHER_FORMS[op].get(device_arch(device_id), ()) if f != default))
+MMA_SYNC, WGMMA = "mma.sync", "wgmma"
+# The one map from an fp8_mma_form to the kernel family that runs it: the launch layers, the
+# checks and the benches ask form_family() instead of comparing forms.
+FAMILY = {0: MMA_SYNC, 2: MMA_SYNC, WGMMA_FORM: WGMMA}
+# The forms each arch builds, per family: the mma.sync forms (MMA_FORMS), and the wgmma family
+# on compute capability 9.0, where fp8_mma_form=-1 picks it for both operators.
+WGMMA_ARCHS = ("sm_90",)
 
 
 def form_family(form):
     """The instruction family of an fp8_mma_form: 'wgmma' (form 3) or 'mma.sync' (0 and 2)."""
-    return "wgmma" if form == WGMMA_FORM else "mma.sync"
+    return FAMILY[form]
+
+
+def operator_form(device_id, requested=-1):
+    """The fp8_mma_form a call of either operator runs for its `fp8_mma_form` argument: -1 the
+    wgmma family on compute capability 9.0 (H100, H200), the board's mma.sync form elsewhere;
+    0 or 2 as mma_form(); 3 the wgmma family, sm_90a only.
+
+    On sm_90 the wgmma families are the fast ones (the mma.sync e4m3 is emulated there). Their
+    tensor cores add each k32 step's products with fewer bits than FP32, so their sums are not
+    form 0's bits: the attention meets the same bounds as form 0 (its one-block segments take S
+    from mma.sync to hold the 0.005 bound); the MLP meets the stage-wise bounds with its measured
+    accumulation term and is held to torch._scaled_mm on the same operands (docs/spec.md)."""
+    if not isinstance(requested, bool) and requested in (-1, WGMMA_FORM):
+        arch = device_arch(device_id)
+        if requested == -1:
+            return WGMMA_FORM if arch in WGMMA_ARCHS else board_form(device_id)
+        if arch not in WGMMA_ARCHS:
+            fail("fp8_mma_form", requested, f"-1, 0 or 2 on this {arch} board (form 3 needs sm_90a)", ValueError)
+        return WGMMA_FORM
+    return mma_form(device_id, requested)
+
+
+mlp_mma_form = attention_mma_form = operator_form  # both operators choose alike
+
+
+def offered_forms(op, device_id):
+    """The fp8_mma_form values of operator `op` ('mlp' or 'attention') on a device: the one -1
+    picks first, then the other families it offers there (what `python -m h3kernels bench` times
+    side by side)."""
+    arch = device_arch(device_id)
+    default = operator_form(device_id, -1)
+    others = (0, WGMMA_FORM) if arch in WGMMA_ARCHS else ()
+    return (default, *(f for f in others if f != default))

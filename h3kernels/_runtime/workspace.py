@@ -14,7 +14,7 @@ graph points at are kept for the life of the process.
 import collections
 import threading
 
-from h3kernels import _validate as validate
+from h3kernels._errors import fail
 from h3kernels._runtime.arrays import cupy_stream
 
 PLANS_PER_STREAM = 16
@@ -144,12 +144,12 @@ def device_id(device):
             return device_id(None)
         if device.startswith("cuda:") and device[5:].isascii() and device[5:].isdecimal():
             return int(device[5:])
-        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
+        fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
     idx = getattr(device, "index", None)  # torch.device
     if idx is None:
         idx = getattr(device, "id", None)  # cupy Device
     if idx is None:
         if getattr(device, "type", None) == "cuda":
             return device_id(None)
-        validate.fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
+        fail("device", repr(device), "None, an int, 'cuda:N', a torch.device or a CuPy Device", TypeError)
     return int(idx)

@@ -14,6 +14,7 @@ import numbers
 
 import numpy as np
 
+from h3kernels._errors import fail  # noqa: F401 (the checks' one way to refuse)
 from h3kernels._runtime import arrays as adapter
 
 
@@ -26,10 +27,6 @@ class Accepted:
 
 GPU_ARRAYS = Accepted(("torch", "cupy"), "a torch CUDA tensor or a CuPy array")
 TORCH_TENSORS = Accepted(("torch",), "a torch tensor")
-
-
-def fail(name, got, need, exc=ValueError):
-    raise exc(f"{name}: got {got}; need {need}")
 
 
 def type_name(v):

@@ -1,7 +1,9 @@
 """The attention's argument checks, shared by h3kernels.varlen_attention_fp8 and
 h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens), the scalars
-(softmax_scale, fp8_mma_form, return_lse) and workspace_bytes' device argument (device)."""
+(softmax_scale, fp8_mma_form, return_lse), workspace_bytes' device argument (device), and the
+partial attention's arrays and boundaries (check_partial_args)."""
 import math
+import numbers
 import operator
 
 from h3kernels import _validate as v
@@ -133,3 +135,62 @@ def device(dev):
     if isinstance(idx, int) and not isinstance(idx, bool):
         return idx
     v.fail("device", repr(dev), _DEVICE_NEED, TypeError)
+
+
+def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale):
+    """The partial attention's arrays and boundaries (minimax_h3_varlen_attention_fp8_partial):
+    q bf16 [q tokens, heads, 128], k and v bf16 [k tokens, heads, 128], contiguous; the two
+    boundaries host sequences of ints of one length (segments + 1), each from 0, non-decreasing,
+    to its tokens; k_mean and v_scale f32 [segments, heads, 128], contiguous. Devices are the
+    caller's to check. Returns (q tokens, k tokens, heads, cu_q, cu_k) with the boundaries as
+    tuples."""
+    read = v.reader(v.arrays(v.GPU_ARRAYS, dict(q=q, k=k, v=v_, k_mean=k_mean, v_scale=v_scale)))
+    fq, fk, fv = read(q), read(k), read(v_)
+    for name, a, f in (("q", q, fq), ("k", k, fk), ("v", v_, fv)):
+        if f[0] != adapter.BF16:
+            v.dtype(name, a, adapter.BF16)
+        shape = tuple(f[1])
+        if len(shape) != 3 or shape[2] != HEAD_DIM or shape[1] < 1:
+            v.fail(name, f"shape {shape}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
+        if not f[2]:
+            v.contiguous_(name, a)
+        v.aligned_of(name, f, 8)  # the quantization passes read bf16 quads
+    tokens_q, heads = int(fq[1][0]), int(fq[1][1])
+    if int(fk[1][1]) != heads:
+        v.fail("k", f"{int(fk[1][1])} heads", f"q's {heads}")
+    if tuple(fv[1]) != tuple(fk[1]):
+        v.fail("v", f"shape {tuple(fv[1])}", f"k's shape {tuple(fk[1])}")
+    tokens_k = int(fk[1][0])
+    cu_q = _host_bounds("cu_seqlens_q", cu_seqlens_q, tokens_q, "q.shape[0]")
+    cu_k = _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens_k, "k.shape[0]")
+    if len(cu_k) != len(cu_q):
+        v.fail("cu_seqlens_k", f"{len(cu_k)} entries", f"{len(cu_q)}, as cu_seqlens_q (one per segment + 1)")
+    segments = len(cu_q) - 1
+    for name, a in (("k_mean", k_mean), ("v_scale", v_scale)):
+        v.array_of(name, a, read(a), adapter.F32, (segments, heads, HEAD_DIM))
+    return tokens_q, tokens_k, heads, cu_q, cu_k
+
+
+def _host_bounds(name, values, tokens, of):
+    """Segment boundaries given on the host: a sequence of ints from 0, non-decreasing, to tokens."""
+    if adapter.kind_of(values) == "cupy" or getattr(values, "is_cuda", False):
+        v.fail(name, "a device array", "a host sequence of ints", TypeError)
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        cu = tuple(values)
+    except TypeError:
+        v.fail(name, v.type_name(values), "a sequence of ints", TypeError)
+    if not cu or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in cu):
+        v.fail(name, repr(values) if not cu else type(values).__name__, "a non-empty sequence of ints", TypeError)
+    cu = tuple(int(x) for x in cu)
+    if len(cu) < 2:
+        v.fail(name, f"{len(cu)} entry", "at least 2 (segments + 1)")
+    if cu[0] != 0:
+        v.fail(name, f"first entry {cu[0]}", "0")
+    if not all(map(operator.le, cu, cu[1:])):
+        i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
+        v.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
+    if cu[-1] != tokens:
+        v.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} ({of})")
+    return cu

@@ -105,9 +105,9 @@ def attention_case(seqlens, forms=(-1,), heads=56):
 def ceiling_tflops(dev, form, on_error):
     """The e4m3 ceiling of the instruction family of `form`, measured now: the wgmma one for the
     wgmma family (form 3), the mma.sync one of that form otherwise; None where it fails."""
-    from h3kernels._runtime.targets import WGMMA_FORM
+    from h3kernels._runtime import targets
 
-    if form == WGMMA_FORM:
+    if targets.form_family(form) == targets.WGMMA:
         from h3kernels.peers import wgmma_ceiling
 
         return wgmma_ceiling.ceiling_tflops(dev, on_error=on_error)

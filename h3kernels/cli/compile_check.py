@@ -20,7 +20,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import archs_for, defines_for, dynamic_smem, forms_for
+from h3kernels._launch.sources import archs_for, builds_for, dynamic_smem, label
 from h3kernels._runtime import compiler
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
@@ -154,7 +154,12 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     """Compiles and reports; returns a dict (the --json document) whose "ok" is the verdict.
     Raises UsageError for an unknown name, MissingNeed when --sass has no matching nvdisasm."""
     out = out or sys.stdout
+    explicit = bool(names)
     names = source_names(names)
+    for name in names if explicit else ():
+        if not archs_for(name, archs):
+            raise UsageError(f"{name} is not built for {', '.join(archs)}: it is built for "
+                             f"{', '.join(archs_for(name, ('sm_120a', 'sm_90', 'sm_89')))}")
     version = nvrtc_version()
     tool = nvdisasm_for(version[0]) if sass else None
     report = dict(command="compile_check", nvrtc=".".join(map(str, version)), sources_dir=str(compiler.source_dir()),
@@ -163,44 +168,46 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
     if tool:
         report["nvdisasm"] = dict(path=tool[0], version=".".join(map(str, tool[1])))
         print(f"nvdisasm {report['nvdisasm']['version']}: {tool[0]}", file=out)
-    print(f"{'source':<28}{'arch':<9}{'form':>5}  {'kernel':<32}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
+    print(f"{'source':<28}{'arch':<9}{'build':<18}{'kernel':<32}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
           file=out)
     failures = report["failures"]
     for name in names:
-        # A source without an mma builds the same program for every form; NVRTC 13 then returns
-        # no ptxas report for the repeats (seen on the H200), so it is checked once.
         uses_mma = "mma_e4m3_16832(" in compiler.read_with_includes(name)[0]
         for arch in archs_for(name, archs):
-            for form in forms_for(name, arch, uses_mma, compiler.MMA_FORMS.get(arch, (0,))):
+            # the builds that ship (sources._MODULES); a source without an mma builds one program
+            # (NVRTC 13 returns no ptxas report for a repeat of it, seen on the H200)
+            for build in builds_for(name, arch, uses_mma):
+                what = f"{name} {arch} {label(build)}"
                 try:
-                    cubin, log, _ = compiler.compile_cubin(name, arch, defines_for(name, arch, form), ("-Xptxas=-v",),
+                    cubin, log, _ = compiler.compile_cubin(name, arch, build.defines(), ("-Xptxas=-v",),
                                                            use_cache=False, appended=_nonce())
                 except compiler.CompileError as err:
-                    failures.append(f"{name} {arch} form {form}: compile error")
+                    failures.append(f"{what}: compile error")
                     print(err, file=out)
                     continue
                 parsed = parse_ptxas(log)
                 if "serialized" in log:  # "wgmma.mma_async instructions are serialized ...": most of the rate lost
-                    failures.append(f"{name} {arch} form {form}: ptxas serializes wgmma")
+                    failures.append(f"{what}: ptxas serializes wgmma")
                 if not parsed:
-                    failures.append(f"{name} {arch} form {form}: no kernel found in the ptxas report")
+                    failures.append(f"{what}: no kernel found in the ptxas report")
                 counts = None
                 if sass:
                     try:
                         counts = dict(sorted(mma_instructions(cubin, tool[0]).items()))
                     except (OSError, subprocess.CalledProcessError) as err:
-                        failures.append(f"{name} {arch} form {form}: nvdisasm failed: {str(err).splitlines()[0]}")
+                        failures.append(f"{what}: nvdisasm failed: {str(err).splitlines()[0]}")
                 for kernel, r in sorted(parsed.items()):
                     spill = r["spill_st"] + r["spill_ld"]
-                    report["kernels"].append(dict(source=name, arch=arch, form=form, kernel=kernel, **r,
+                    report["kernels"].append(dict(source=name, arch=arch, build=label(build),
+                                                  form=getattr(build, "form", None), kernel=kernel, **r,
                                                   **({"mma": counts} if sass else {})))
-                    print(f"{name:<28}{arch:<9}{form:>5}  {kernel:<32}{r['regs']:>5}{r['smem']:>8}"
+                    print(f"{name:<28}{arch:<9}{label(build):<18}{kernel:<32}{r['regs']:>5}{r['smem']:>8}"
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
-                        failures.append(f"{name} {arch} form {form} {kernel}: {spill} spill bytes")
-                    smem = r["smem"] + dynamic_smem(name).get(kernel, 0)
+                        failures.append(f"{what} {kernel}: {spill} spill bytes")
+                    smem = r["smem"] + dynamic_smem(build, kernel)
                     if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
-                        failures.append(f"{name} {arch} form {form} {kernel}: {smem} B static + dynamic smem")
+                        failures.append(f"{what} {kernel}: {smem} B static + dynamic smem")
                 if counts is not None:
                     print(f"{'':<44}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
     for f in failures:
@@ -213,7 +220,8 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
 def add_arguments(p):
     p.add_argument("names", nargs="*", metavar="name",
                    help="CUDA sources to compile, as mlp_fp8 or mlp_fp8.cu (default: every cuda_src/*.cu)")
-    p.add_argument("--arch", action="append", choices=sorted(compiler.MMA_FORMS), help="default: sm_120a and sm_90")
+    p.add_argument("--arch", action="append", choices=sorted({*compiler.MMA_FORMS, "sm_90a"}),
+                   help="default: sm_120a and sm_90 (sm_90 includes the sm_90a-only sources; sm_90a: those alone)")
     p.add_argument("--sass", action="store_true",
                    help="count matrix instructions with an nvdisasm of the build's CUDA major release")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")

@@ -41,27 +41,15 @@ def reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_sca
 
 
 def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
-    """default_partial_attention by the attention kernel (cuda_src/varlen_attention_fp8.cu with its
-    cross plan) on CUDA tensors. Its K scale blocks start at each segment's first key in k, so
-    k_scale is not used: the same grid as the whole segment's wherever a rank boundary lies a
-    multiple of 128 keys into the segment (an even split of 65536 tokens, for one)."""
-    from h3kernels._launch import varlen_attention_fp8 as launch
-    from h3kernels._runtime import arrays, targets
+    """default_partial_attention by the GPU operator minimax_h3_varlen_attention_fp8_partial on
+    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it. Its K scale blocks start
+    at each segment's first key in k, so k_scale is not used: the same grid as the whole
+    segment's wherever a rank boundary lies a multiple of 128 keys into the segment (an even
+    split of 65536 tokens, for one)."""
+    from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_partial
 
-    heads = q.shape[1]
-    out = torch.zeros_like(q)
-    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-    if q.shape[0] == 0 or k.shape[0] == 0:
-        return out, lse
-    call = arrays.Call(dict(q=q, k=k, v=v))
-    form = targets.attention_mma_form(call.device_id, -1)
-    mu = k_mean.to(torch.float32).contiguous()
     amax = v_amax.to(torch.float32)
-    s_v = (amax / torch.full_like(amax, E4M3_MAX)).contiguous()  # RN(amax / 448), as the V pass
-    previous = call.make_current()
-    try:
-        launch.run_partial(call, q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k), heads, softmax_scale, out, lse,
-                           mu, s_v, form)
-    finally:
-        arrays.restore(previous)
-    return out, lse
+    v_scale = (amax / torch.full_like(amax, E4M3_MAX)).contiguous()  # RN(amax / 448), as the V pass
+    return minimax_h3_varlen_attention_fp8_partial(q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k),
+                                                   k_mean.to(torch.float32).contiguous(), v_scale,
+                                                   softmax_scale=softmax_scale)

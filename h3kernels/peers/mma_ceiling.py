@@ -28,7 +28,7 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     import numpy as np
 
     from h3kernels._runtime.arrays import cupy_stream
-    from h3kernels.testing.timing import median_ms
+    from h3kernels.timing import median_ms
 
     with cupy.cuda.Device(device_id):
         sms = compiler.device_properties(device_id)["multiProcessorCount"]

@@ -6,30 +6,21 @@ import torch
 
 from h3kernels import _validate as validate
 from h3kernels._validate import mlp_fp8 as checks
-from h3kernels.constants import FC1_OUT, FFN, HIDDEN, ROW_THREADS, fc1_row_order_numpy
-from h3kernels.reference.rounding import F32, bf16, div, quantize_rows
-
-
-def minimax_h3_fc1_row_order(device=None):
-    """The prepacked FC1 row order (constants.fc1_row_order_numpy) as an int64 tensor on `device`."""
-    return torch.from_numpy(fc1_row_order_numpy()).to(checks.torch_device(device))
-
-
-def _fc1_row_order_on(device):
-    """The FC1 row order as an index tensor on a device the caller's tensor already lives on."""
-    return torch.from_numpy(fc1_row_order_numpy()).to(device)
+from h3kernels.constants import FC1_OUT, FFN, HIDDEN, ROW_THREADS
+from h3kernels.quantize import (F32, bf16, div, fc1_row_order_on, fc1_weight, fc2_weight, minimax_h3_fc1_row_order,  # noqa: F401
+                                quantize_rows)
 
 
 def prepare_minimax_h3_fc1_weight_fp8(w1):
     """w1 [28672, 5376] (gate rows, then up rows) -> (e4m3 q, f32 scale) in prepacked row order."""
     checks.weight("w1", w1, (FC1_OUT, HIDDEN), validate.TORCH_TENSORS)
-    return quantize_rows(w1[_fc1_row_order_on(w1.device)])
+    return fc1_weight(w1)
 
 
 def prepare_minimax_h3_fc2_weight_fp8(w2):
     """w2 [5376, 14336] -> (e4m3 q, f32 scale) in logical row order."""
     checks.weight("w2", w2, (HIDDEN, FFN), validate.TORCH_TENSORS)
-    return quantize_rows(w2)
+    return fc2_weight(w2)
 
 
 def sum_of_squares(x):
@@ -88,7 +79,7 @@ def swiglu_from_sums(acc1, a_scale, fc1_weight_scale):
     the contract's arithmetic after the sum, for sums of any accumulation."""
     h = bf16((acc1 * a_scale.to(F32)[:, None]) * fc1_weight_scale.to(F32)[None, :])
     logical = torch.empty_like(h)
-    logical[:, _fc1_row_order_on(h.device)] = h
+    logical[:, fc1_row_order_on(h.device)] = h
     g, u = logical[:, :FFN].to(F32), logical[:, FFN:].to(F32)
     return bf16(bf16(g / (1.0 + torch.exp(-g))).to(F32) * u)
 

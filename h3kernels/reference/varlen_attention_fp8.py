@@ -8,7 +8,7 @@ import torch
 from h3kernels import _validate as validate
 from h3kernels._validate import varlen_attention_fp8 as checks
 from h3kernels.constants import E4M3_MAX, K_BLOCK
-from h3kernels.reference.rounding import F32, bf16, div, e4m3, quantize_rows
+from h3kernels.quantize import F32, bf16, div, e4m3, quantize_rows
 
 
 def _segments(cu_seqlens):
