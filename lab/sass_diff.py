@@ -37,6 +37,7 @@ def cuobjdump():
     if not found:
         wheels = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "*", "bin",
                                         "cuobjdump"))
+        wheels += sorted(glob.glob("/usr/local/cuda*/bin/cuobjdump"))
         found = wheels[0] if wheels else None
     if not found:
         sys.exit("no cuobjdump: pip install nvidia-cuda-cuobjdump, or set $CUOBJDUMP")
@@ -44,7 +45,8 @@ def cuobjdump():
 
 
 def build(checkout, setup, expr, path):
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.abspath(checkout),
+                                                                     os.environ.get("PYTHONPATH")])))
     env.pop("H3KERNELS_CACHE_DIR", None)
     run = subprocess.run([sys.executable, "-c", _BUILD.format(setup=setup, expr=expr), path], env=env,
                          capture_output=True, text=True, cwd=checkout)

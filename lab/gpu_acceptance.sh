@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU checks of a change to the shipped kernels, in steps that each fit a 10-minute run on
+# one H200, logs under $OUT (default /tmp/h3out):
+#   bash lab/gpu_acceptance.sh ab      SASS of the shipped builds and the operators' speed against
+#                                     the code before the change (a copy of that checkout in
+#                                     .before/), in alternating processes
+#   bash lab/gpu_acceptance.sh tests   the GPU test suite (attention tests in their own process)
+#   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the demo and the check
+# numba-cuda there needs a numpy 2.4 wheel in .whl/ (installed into /tmp/site first).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/h3out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 SITE=${PYTHONPATH:-}
+new() { PYTHONPATH=$PWD${SITE:+:$SITE} H3KERNELS_CACHE_DIR=/tmp/h3cache_new "$@"; }
+old() { (cd .before && PYTHONPATH=$PWD${SITE:+:$SITE} H3KERNELS_CACHE_DIR=/tmp/h3cache_old "$@"); }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv
+  new python3 -c 'import torch, cupy, numba, numpy; print(torch.__version__, cupy.__version__, numba.__version__, numpy.__version__)'; } 2>&1 | tee -a "$OUT/env.txt"
+case "${1:-}" in
+ab)
+  for spec in "attention default|varlen_attention_fp8_sm90a|L.defines()|B.AttentionBuild().defines()" \
+              "attention lse|varlen_attention_fp8_sm90a|L.defines(EXACT_L=1)|B.AttentionBuild(lse=True).defines()" \
+              "mlp|mlp_fp8_sm90a|L.defines()|B.MlpBuild().defines()"; do
+    IFS='|' read -r what src before after <<<"$spec"
+    echo "== SASS: $what"
+    new python3 lab/sass_diff.py --before ".before:(\"$src\",\"sm_90a\",$before)" --setup-before "from h3kernels._launch import $src as L" \
+      --after ".:(\"$src\",\"sm_90a\",$after)" --setup-after "from h3kernels._launch import $src as B" 2>&1 | tee -a "$OUT/sass.txt"
+  done
+  for round in 1 2; do
+    old timeout 150 python3 "$PWD/lab/ab_time.py" --label before --json "$OUT/ab.jsonl" 2>&1 | tail -1
+    new timeout 150 python3 lab/ab_time.py --label after --json "$OUT/ab.jsonl" 2>&1 | tail -1
+  done
+  new python3 - "$OUT/ab.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = [k for k in rows[0] if k not in ("label", "package", "seconds")]
+print(f"{'case':<26}{'before ms':>11}{'after ms':>11}{'after/before':>14}")
+for k in keys:
+    b = statistics.median(r[k] for r in rows if r["label"] == "before")
+    a = statistics.median(r[k] for r in rows if r["label"] == "after")
+    print(f"{k:<26}{b:>11.3f}{a:>11.3f}{a / b:>14.3f}")
+PY
+  ;;
+tests)
+  new timeout 420 python3 -m pytest -q -rsx -o faulthandler_timeout=100 -p no:cacheprovider tests -k "not varlen" 2>&1 \
+    | tee "$OUT/pytest.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+  new timeout 150 python3 -m pytest -q -rsx -o faulthandler_timeout=60 -p no:cacheprovider tests -k varlen 2>&1 \
+    | tee "$OUT/pytest_attention.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+  ;;
+bench)
+  new timeout 300 python3 -m h3kernels bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; tail -20 "$OUT/bench.log"
+  new timeout 150 python3 -m h3kernels check --gpu --json "$OUT/check.json" > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log"
+  new timeout 100 python3 -m h3kernels info --json "$OUT/info.json" 2>&1 | tail -4
+  ;;
+*) echo "usage: bash lab/gpu_acceptance.sh ab|tests|bench" >&2; exit 2 ;;
+esac
