@@ -495,3 +495,42 @@ def test_fc1_row_order_on_cuda_without_cuda_is_a_value_error(device):
 def test_workspace_bytes_refuses_bad_devices_even_when_nothing_is_held(device, exc):
     with pytest.raises(exc, match="^device: got "):
         h3kernels.workspace_bytes(device)
+
+
+def partial_args(dev, seed=1):
+    """Arguments of minimax_h3_varlen_attention_fp8_partial: 8 query tokens in segments (3, 5)
+    against 6 keys in (4, 2), 2 heads."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, 2, 128, generator=g).to(dev).bfloat16() for n in (8, 6, 6))
+    mean, scale = (torch.rand(2, 2, 128, generator=g).to(dev) for _ in range(2))
+    return dict(q=q, k=k, v=v, cu_seqlens_q=(0, 3, 8), cu_seqlens_k=[0, 4, 6], k_mean=mean, v_scale=scale)
+
+
+PARTIAL_BAD = [
+    ("q", lambda a: a["q"].float(), TypeError, "q: got .*float32.*bfloat16"),
+    ("q", lambda a: a["q"][:, :, :64].contiguous(), ValueError, r"q: got shape \(8, 2, 64\)"),
+    ("k", lambda a: a["k"][:, :1].contiguous(), ValueError, "k: got 1 heads; need q's 2"),
+    ("v", lambda a: a["v"][:5], ValueError, r"v: got shape \(5, 2, 128\); need k's shape"),
+    ("k", lambda a: a["k"].transpose(0, 1).contiguous().transpose(0, 1), ValueError, "k: .*contiguous"),
+    ("cu_seqlens_q", lambda a: (0, 3, 7), ValueError, "cu_seqlens_q: got last entry 7; need tokens = 8"),
+    ("cu_seqlens_k", lambda a: (1, 4, 6), ValueError, "cu_seqlens_k: got first entry 1; need 0"),
+    ("cu_seqlens_k", lambda a: (0, 5, 4, 6), ValueError, "cu_seqlens_k: got entries 5, 4"),
+    ("cu_seqlens_k", lambda a: (0, 6), ValueError, "cu_seqlens_k: got 2 entries; need 3, as cu_seqlens_q"),
+    ("cu_seqlens_q", lambda a: (0, 3.0, 8), TypeError, "cu_seqlens_q: got tuple; need a non-empty sequence of ints"),
+    ("k_mean", lambda a: a["k_mean"].double(), TypeError, "k_mean: got .*float64.*float32"),
+    ("v_scale", lambda a: a["v_scale"][:1], ValueError, r"v_scale: got shape \(1, 2, 128\)"),
+    ("v_scale", lambda a: a["v_scale"].cpu().numpy(), TypeError, "v_scale: got numpy.ndarray"),
+]
+
+
+@pytest.mark.parametrize("name,make,exc,msg", PARTIAL_BAD, ids=[f"{c[0]}-{i}" for i, c in enumerate(PARTIAL_BAD)])
+def test_partial_attention_bad_call_raises_before_any_work(name, make, exc, msg):
+    args = partial_args("cpu")
+    args[name] = make(args)
+    with pytest.raises(exc, match=msg):
+        h3kernels.minimax_h3_varlen_attention_fp8_partial(**args)
+
+
+def test_partial_attention_on_cpu_tensors_is_a_device_error():
+    with pytest.raises(ValueError, match="q: got a tensor on cpu; need a CUDA tensor"):
+        h3kernels.minimax_h3_varlen_attention_fp8_partial(**partial_args("cpu"))
