@@ -2,9 +2,9 @@
 
 One call: validate every argument (nothing is launched before), take the segment plan (host,
 cached; no device sync when cu_seqlens_host is given), then on the caller's stream the Numba
-quantization passes into the stream's workspace and the CUDA kernel of
+quantization passes into scratch memory from the caller's allocator and the CUDA kernel of
 cuda_src/varlen_attention_fp8.cu (form 3: cuda_src/varlen_attention_fp8_sm90a.cu) into `out`
-(h3kernels/_launch/varlen_attention_fp8.py).
+(h3kernels/_launch/varlen_attention_fp8.py; the memory model in h3kernels/_runtime/workspace.py).
 """
 from h3kernels._launch import varlen_attention_fp8 as launch
 from h3kernels._runtime import arrays, targets, workspace
@@ -120,7 +120,9 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
 
 
 def workspace_bytes(device=None):
-    """Bytes now held by the attention's quantized-operand buffers on `device` (an int, 'cuda:N',
-    a torch.device or a CuPy Device; None: the current device), summed over its streams."""
+    """Device bytes the attention holds between calls on `device` (an int, 'cuda:N', a
+    torch.device or a CuPy Device; None: the current device). A call's scratch comes from the
+    caller's own allocator and goes back to it when the call's launches are queued, so this is 0
+    but for the scratch that CUDA graphs captured from CuPy calls point at."""
     checks.device(device)  # a bad argument is refused even while nothing is held
     return workspace.workspace_bytes(device)

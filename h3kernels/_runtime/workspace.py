@@ -1,135 +1,154 @@
-"""Grow-only device workspaces, one per (device, stream), and the host plans uploaded into them.
+"""The attention's scratch memory and segment plans.
 
-Everything a call touches is used only in the order of one stream: two streams never share a
-buffer, a buffer outgrown on its stream is returned to CuPy's pool, which hands it out again
-only to allocations on that same stream, and a plan is uploaded on the stream that reads it.
-Each workspace also keeps an event recorded after its last use, which the next call waits on: a
-CUDA stream handle can be reused by a new stream once the old one is destroyed, possibly with
-work still pending.
+Scratch: the quantized operands between the passes and the kernel (q8, k8, v8t, their scales,
+the passes' partial sums) and the call's plan live in one buffer taken from the caller's own
+allocator on the caller's stream (torch's caching allocator for torch tensors, CuPy's memory
+pool for CuPy arrays), held until the call's launches are queued and then given back, stream-
+ordered: the allocator reuses it for later work on that stream, follows a CUDA-graph capture into
+the graph's pool, and counts it in the caller's own memory accounting. Nothing of ours outlives
+the call, whatever the number of streams a process uses.
 
-Under CUDA graph capture nothing may grow or upload (the capture would point at memory that a
-later call frees), and no event may join the graph from outside it; the buffers a captured
-graph points at are kept for the life of the process.
+Plans: each segment plan is built once on the host into pinned memory (PlanCache, bounded per
+device) and copied into the call's scratch on the call's stream, one asynchronous copy. A pinned
+plan is freed only when it is evicted and every copy from it has completed; one a captured graph
+copies from is kept for the life of the process, as is, for CuPy arrays, the scratch a captured
+graph points at (CuPy's pool does not follow a capture).
+
+Under capture nothing may be built or loaded: a plan must have been used on the device before
+(the first call of a plan builds it), so a capture needs one call with the same segments first.
 """
 import collections
 import threading
 
+import numpy as np
+
 from h3kernels._errors import fail
-from h3kernels._runtime.arrays import cupy_stream
 
-PLANS_PER_STREAM = 16
+PLANS_PER_DEVICE = 64
+ALIGN = 256
 
 
-class DevicePlan:
-    """A plan's host arrays uploaded as CuPy arrays (`arrays`), with their addresses (`ptrs`)
-    and lengths (`rows`) read once."""
+class HostPlan:
+    """A plan's host arrays packed into one pinned buffer: `rows` (each array's length),
+    `offsets` (each array's byte offset in the packed plan), `nbytes`. `copies` holds the events
+    of copies from it that may still run; `captured` marks a plan a graph copies from."""
 
-    __slots__ = ("arrays", "ptrs", "rows")
+    __slots__ = ("memory", "rows", "offsets", "nbytes", "copies", "captured", "lock")
 
     def __init__(self, arrays):
-        self.arrays = arrays
-        self.ptrs = tuple(a.data.ptr for a in arrays)
-        self.rows = tuple(int(a.shape[0]) for a in arrays)
-
-
-class Workspace:
-    """One stream's buffer (`mem`, grow-only), its uploaded plans, its last-use event, and
-    `captured`: what CUDA graphs captured on this stream point at."""
-
-    def __init__(self, device_id, stream_ptr, owner, advice):
-        self.device_id, self.stream_ptr, self.owner, self.advice = device_id, stream_ptr, owner, advice
-        self.mem = None
-        self.nbytes = 0
-        self.plans = collections.OrderedDict()
-        self.event = None
-        self.lock = threading.Lock()
-        self.captured = {}
-
-    def capture_error(self, what):
-        return RuntimeError(f"{self.owner}: this stream is capturing a CUDA graph, and the call would {what}; "
-                            f"{self.advice}")
-
-    def wait(self, capturing):
-        """Orders this call after the workspace's last use (not under capture: see the module doc)."""
-        if self.event is not None and not capturing:
-            from cupy_backends.cuda.api import runtime
-
-            runtime.streamWaitEvent(self.stream_ptr, self.event.ptr, 0)
-
-    def record(self, capturing):
-        if capturing:
-            return
-        from cupy_backends.cuda.api import runtime
-
-        if self.event is None:
-            import cupy
-
-            self.event = cupy.cuda.Event(block=False, disable_timing=True)
-        runtime.eventRecord(self.event.ptr, self.stream_ptr)
-
-    def plan(self, key, build, capturing):
-        """The DevicePlan of `key`, uploaded on first use from build() (host numpy arrays)."""
-        hit = self.plans.get(key)
-        if hit is not None:
-            self.plans.move_to_end(key)
-            return hit
-        if capturing:
-            raise self.capture_error("upload a new segment plan")
         import cupy
 
-        arrays = []
-        with cupy.cuda.Device(self.device_id), cupy_stream(self.stream_ptr, self.device_id) as stream:
-            for host in build():
-                dev = cupy.empty(host.shape, dtype=host.dtype)
-                if host.size:
-                    # cudaMemcpyAsync on the caller's stream. From pageable memory it returns once
-                    # the bytes are staged, and the driver may wait for the stream there: a possible
-                    # host wait once per new plan and stream, not per call
-                    dev.set(host, stream=stream)
-                arrays.append(dev)
-        self.plans[key] = hit = DevicePlan(tuple(arrays))
-        while len(self.plans) > PLANS_PER_STREAM:
-            self.plans.popitem(last=False)  # freed to CuPy's pool for this stream: stream-ordered reuse
-        return hit
+        offsets, off = [], 0
+        for a in arrays:
+            offsets.append(off)
+            off += -(-a.nbytes // ALIGN) * ALIGN
+        self.nbytes = max(off, ALIGN)
+        self.memory = cupy.cuda.alloc_pinned_memory(self.nbytes)
+        packed = np.frombuffer(self.memory, np.uint8, self.nbytes)
+        for a, o in zip(arrays, offsets):
+            packed[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        self.rows = tuple(int(a.shape[0]) for a in arrays)
+        self.offsets = tuple(offsets)
+        self.copies = []
+        self.captured = False
+        self.lock = threading.Lock()
 
-    def reserve(self, nbytes, capturing, plan):
-        """The buffer's address, grown to at least nbytes first (freed to this stream's pool)."""
-        if self.nbytes < nbytes:
-            if capturing:
-                raise self.capture_error("grow the workspace")
-            import cupy
+    def copy_to(self, dst, stream_ptr, capturing):
+        """One asynchronous copy of the packed plan to device address dst on the stream."""
+        from cupy_backends.cuda.api import runtime
 
-            with cupy.cuda.Device(self.device_id), cupy_stream(self.stream_ptr, self.device_id):
-                self.mem, self.nbytes = None, 0  # back to the pool before the bigger one is taken
-                self.mem, self.nbytes = cupy.cuda.alloc(nbytes), nbytes
-        if capturing:  # one entry per buffer set, however many captures use it
-            self.captured[(self.mem.ptr, plan.ptrs[0])] = (self.mem, plan)
-        return self.mem.ptr
+        runtime.memcpyAsync(dst, self.memory.ptr, self.nbytes, runtime.memcpyHostToDevice, stream_ptr)
+        if capturing:  # the graph copies from this buffer at every replay
+            self.captured = True
+            return
+        with self.lock:  # an event whose copy is done is recorded again, else a new one
+            event = next((e for e in self.copies if e.done), None)
+            if event is None:
+                import cupy
+
+                event = cupy.cuda.Event(block=False, disable_timing=True)
+                self.copies.append(event)
+            runtime.eventRecord(event.ptr, stream_ptr)
+
+    def release(self):
+        """Frees the pinned buffer once every copy from it has completed (an evicted plan's copies
+        ended long before, as it is the least recently used)."""
+        with self.lock:
+            for e in self.copies:
+                e.synchronize()
+            self.copies = []
+            self.memory = None
+
+
+class PlanCache:
+    """The host plans of one device, the most recently used PLANS_PER_DEVICE of them."""
+
+    def __init__(self):
+        self.plans = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key, build, capturing, advice):
+        """The HostPlan of key, built from build() (host numpy arrays) on first use. Under capture
+        a plan must exist already: RuntimeError with `advice` otherwise."""
+        with self.lock:
+            plan = self.plans.get(key)
+            if plan is not None:
+                self.plans.move_to_end(key)
+                return plan
+        if capturing:
+            raise RuntimeError(advice)
+        plan = HostPlan(build())
+        with self.lock:
+            plan = self.plans.setdefault(key, plan)
+            self.plans.move_to_end(key)
+            evicted = []
+            for old_key in list(self.plans):
+                if len(self.plans) - len(evicted) <= PLANS_PER_DEVICE:
+                    break
+                if not self.plans[old_key].captured:
+                    evicted.append(self.plans.pop(old_key))
+        for old in evicted:
+            old.release()
+        return plan
 
 
 _lock = threading.Lock()
-_workspaces = {}  # (device id, stream handle) -> Workspace
+_plans = {}  # device id -> PlanCache
+_captured = collections.defaultdict(list)  # device id -> CuPy scratch a captured graph points at
 
 
-def for_stream(device_id, stream_ptr, owner, advice):
-    """The workspace of (device, stream). owner and advice word the errors under capture (one
-    operator uses workspaces: the attention)."""
-    ws = _workspaces.get((device_id, stream_ptr))
-    if ws is None:
+def plans(device_id):
+    cache = _plans.get(device_id)
+    if cache is None:
         with _lock:
-            ws = _workspaces.setdefault((device_id, stream_ptr), Workspace(device_id, stream_ptr, owner, advice))
-    return ws
+            cache = _plans.setdefault(device_id, PlanCache())
+    return cache
+
+
+def scratch(call, nbytes, plan):
+    """(the buffer to hold until the call's launches are queued, its address, the plan's arrays'
+    addresses in it): nbytes of scratch and the plan after them, from the caller's allocator on
+    the call's stream, the plan copied in."""
+    from h3kernels._runtime import arrays
+
+    head = -(-nbytes // ALIGN) * ALIGN
+    held = call.empty((head + plan.nbytes,), arrays.E4M3)
+    base = arrays.data_ptr(held)
+    capturing = call.capturing
+    plan.copy_to(base + head, call.stream_ptr, capturing)
+    if capturing and call.kind == "cupy":
+        with _lock:
+            _captured[call.device_id].append(held)
+    return held, base, tuple(base + head + o for o in plan.offsets)
 
 
 def workspace_bytes(device=None):
-    """Bytes now held by the workspaces on `device` (an int, 'cuda:N', a torch.device or a CuPy
-    Device; None: the current device), summed over its streams."""
-    with _lock:
-        if not _workspaces:
-            return 0
-        items = list(_workspaces.items())
+    """Device bytes the attention holds between calls on `device` (an int, 'cuda:N', a
+    torch.device or a CuPy Device; None: the current device): the scratch that captured graphs
+    of CuPy calls point at, else 0. Scratch of calls in flight belongs to the caller's allocator."""
     dev = device_id(device)
-    return sum(ws.nbytes for (d, _), ws in items if d == dev)
+    with _lock:
+        return sum(int(a.nbytes) for a in _captured.get(dev, ()))
 
 
 def device_id(device):
