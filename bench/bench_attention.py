@@ -11,7 +11,7 @@ Methods, per set:
                 given (no device sync), `out` preallocated; one row per kernel family this GPU
                 offers (h3kernels._runtime.targets.offered_forms: on compute capability 9.0 the
                 wgmma family, form 3, which fp8_mma_form=-1 picks there, then mma.sync form 0):
-                the "variant" of the tables.
+                the "family" column of the table.
   cuDNN SDPA    F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
   flash SDPA    the same under SDPBackend.FLASH_ATTENTION
                 Equal-length sets: one batched call on [B, 56, L, 128] (strided views of the
@@ -21,11 +21,12 @@ Methods, per set:
                 torch.nn.attention.varlen.varlen_attn, else aten._flash_attention_forward with
                 cum_seq_q/k (the label says which)
   cuDNN varlen  aten._cudnn_attention_forward with cum_seq_q/k, if this torch takes them
-  ceiling       the e4m3 ceiling of each variant's instruction family (h3kernels.cli.bench.
+  ceiling       the e4m3 ceiling of each family's instructions (h3kernels.cli.bench.
                 ceiling_tflops: wgmma for form 3, mma.sync otherwise), before and after the sets;
-                the higher is used, and each variant's %ceil is against its own family's
-  kernel alone  the attention kernel of each variant alone: its launch recorded in one call and
-                replayed on the workspace that call left (testing.timing.attention_kernel_alone)
+                the higher is used, and each family's %ceil is against its own
+  kernel alone  the attention kernel of each family alone: one whole call through the launch
+                layer, then that call's kernel launched again on the workspace it left
+                (testing.timing.attention_kernel_alone)
   quant share   the operator's quantization passes alone (varlen_attention_fp8_quant.launch with
                 the arguments _run gives it, own workspace, back-to-back launches), over ours;
                 and their bytes over time against a torch copy of as many bytes in the same run
@@ -38,7 +39,7 @@ All peers of every set run first, then ours (so that a fault in ours, which has 
 error, cannot take the peers with it); ours' first call is polled with a timeout: a hang prints
 the report and exits with status 3. Sanity: ours and every peer against the cuDNN output (flash
 if cuDNN failed) on sampled tokens, rel L2 (ours expected ~0.05, bf16 peers ~0.003); and each
-variant of ours against h3kernels.reference (same quantization) on the same sampled query rows,
+family of ours against h3kernels.reference (same quantization) on the same sampled query rows,
 computed on the GPU with the reference's own quantize_attention_inputs and its formula for those
 rows only (checks.reference_rows; the settled bound on long segments is 0.03). --no-h3ref
 skips that (about a second per set, mostly the reference's per-token key-mean loop).
@@ -264,17 +265,17 @@ def load_op():
 
 
 def run_ours(r, args, st, dev):
-    """Every variant of --variants on set r, then the quantization passes once (the same for both)."""
+    """Every kernel family this GPU offers on set r, then the quantization passes once (the same for all)."""
     s = make_set(r["lens"], r["heads"], r["seed"], dev)  # the same tensors as the peers saw
     q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
-    r["variants"] = {}
-    for name, form in args.variant_list:
-        o = r["variants"][name] = dict(
+    r["families"] = {}
+    for name, form in args.family_list:
+        o = r["families"][name] = dict(
             label=f"h3kernels.minimax_h3_varlen_attention_fp8 ({name}; cu_seqlens_host given, out preallocated)",
             fp8_mma_form=form)
         r.setdefault("ours", o)
-        run_variant(r, name, o, s, st, args)  # raises Hung
-    timed = [o for o in r["variants"].values() if "stream_ms" in o]
+        run_family(r, name, o, s, st, args)  # raises Hung
+    timed = [o for o in r["families"].values() if "stream_ms" in o]
     if not timed:
         return
     try:
@@ -296,7 +297,7 @@ def run_ours(r, args, st, dev):
             f"{gbs / copy_gbs:.2f} of a torch copy of as many bytes ({copy_gbs:.0f} GB/s); each: "
             + ", ".join(f"{n} {f:.2f}" for n, f in r["quant_bandwidth"]["each_of_copy"].items()))
         log(f"  {r['name']}: quantization passes {qm:.4f} ms = "
-            + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["variants"].items() if "stream_ms" in o)
+            + ", ".join(f"{qm / o['stream_ms']:.2%} of {n}" for n, o in r["families"].items() if "stream_ms" in o)
             + " (" + ", ".join(f"{n} {ms:.4f}" for n, ms in each.items()) + " ms)")
     except Exception as err:
         for o in timed:
@@ -305,11 +306,11 @@ def run_ours(r, args, st, dev):
             "includes them and no share is estimated")
 
 
-def run_variant(r, name, o, s, st, args):
-    """One kernel variant on set r's tensors s."""
+def run_family(r, name, o, s, st, args):
+    """One kernel family on set r's tensors s."""
     q, k, v, cu, cu_host = s["q"], s["k"], s["v"], s["cu"], s["cu_host"]
     flops = r["flops"]
-    # poisoned: a row the kernel fails to write shows up as non-finite, not as the previous variant's
+    # poisoned: a row the kernel fails to write shows up as non-finite, not as the previous family's
     out = torch.full_like(q, float("nan"))
     op = st["op"]
     ours = lambda: op(q, k, v, cu, out, cu_seqlens_host=cu_host, fp8_mma_form=o["fp8_mma_form"])
@@ -347,7 +348,7 @@ def run_variant(r, name, o, s, st, args):
         if first is not None:
             o["bitwise_repeat"] = bool(torch.equal(out[idx], first))
         try:  # the attention kernel alone: its launch replayed on the workspace the call left
-            kernel = attention_kernel_alone(ours)
+            kernel = attention_kernel_alone(q, k, v, cu, cu_host, form=o["fp8_mma_form"])
             kms = median_ms_batched(kernel, batch=o["batch"], warmup=1, reps=max(3, o["reps"] // 2))
             o.update(kernel_ms=kms, kernel_tflops=flops / kms / 1e9)
         except Exception as err:
@@ -371,11 +372,11 @@ def run_variant(r, name, o, s, st, args):
 
 # --- report ----------------------------------------------------------------------------------
 
-def variants_of(r):
-    """[(variant name, ours' result dict)] of set r: one per timed variant, else r's plain "ours"
-    (an error set before any variant ran)."""
-    if r.get("variants"):
-        return list(r["variants"].items())
+def families_of(r):
+    """[(family name, ours' result dict)] of set r: one per timed family, else r's plain "ours"
+    (an error set before any family ran)."""
+    if r.get("families"):
+        return list(r["families"].items())
     return [("", r.get("ours", {}))]
 
 
@@ -389,11 +390,11 @@ def table(results, ceils, device, st):
     heads = results[0]["heads"] if results else H3_HEADS
     lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 ceilings "
              + ceilings_text(ceils) + "; TFLOP/s from stream times; (x) = ours / peer ==",
-             f"{'set':>18} {'variant':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'kern ms':>8} "
+             f"{'set':>18} {'family':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'kern ms':>8} "
              f"{'kTF/s':>5} {'k%ceil':>6} {'quant%':>7} "
              f"{'relL2':>7} {'vs h3ref':>8} |" + "".join(f" {label:>{w}}" for _, label in PEERS)]
     for r in results:
-        for vname, o in variants_of(r):
+        for vname, o in families_of(r):
             ok = "stream_ms" in o
             tf = o.get("tflops")
             ceil = ceils.get(o.get("fp8_mma_form"))
@@ -428,7 +429,7 @@ def table(results, ceils, device, st):
     lines.append("kern ms: the attention kernel alone (its launch replayed), TF/s and share of the ceiling likewise")
     lines.append("* per-segment SDPA calls (one per segment), not one varlen call;  ! peer rel L2 vs the "
                  f"reference > {PEER_OK_REL_L2};  relL2: ours vs the reference on sampled tokens (expected ~0.05)")
-    lines.append("variant: the kernel family (fp8_mma_form); vs h3ref: "
+    lines.append("family: the kernel family (fp8_mma_form); vs h3ref: "
                  f"rel L2 against h3kernels.reference on the same sampled query rows (! > {H3REF_OK_REL_L2}, "
                  "the settled bound)")
     labels = [f"{key} = {lab}" for key, (lab, _) in st["varlen"].items()]
@@ -438,19 +439,19 @@ def table(results, ceils, device, st):
     san = []
     for r in results:
         acc = dict(r.get("peer_rel_l2_vs_ref", {}))
-        for vname, o in reversed(variants_of(r)):
+        for vname, o in reversed(families_of(r)):
             if "rel_l2_vs_ref" in o:
                 acc = {("ours_" + vname if vname else "ours"): o["rel_l2_vs_ref"], **acc}
         if acc:
             san.append(r["name"] + " " + " ".join(f"{k}={e:.4f}" for k, e in acc.items()))
     lines.append("sanity rel L2 vs reference: " + ("; ".join(san) if san else "n/a"))
     hosts = [f"{r['name']} {vname} {o['host_ms']:.2f}/{o['stream_ms']:.2f}" for r in results
-             for vname, o in variants_of(r) if "host_ms" in o]
+             for vname, o in families_of(r) if "host_ms" in o]
     if hosts:
         lines.append("ours host ms per call / GPU ms (a call that syncs shows host ~ GPU): " + ", ".join(hosts))
     errs = set()
     for r in results:
-        for vname, o in variants_of(r):
+        for vname, o in families_of(r):
             for key in ("error", "quant_error", "kernel_error"):
                 if o.get(key):
                     errs.add((vname + ": " if vname else "") + o[key])
@@ -475,12 +476,12 @@ WGMMA_X_CUDNN = {"4x4096": 1.3, "1x16384": 1.6, "7000+3000+6000+384": 1.3, "16x1
 
 
 def targets(results, ceils):
-    """The goals per variant: the mma.sync family at 50% of its ceiling (4 x 4096, 1 x 16384)
+    """The goals per family: the mma.sync family at 50% of its ceiling (4 x 4096, 1 x 16384)
     with the quantization passes under 10% of the call (4 x 4096); the wgmma family
     WGMMA_X_CUDNN times cuDNN's speed; the passes at 70% of a torch copy's rate (4 x 4096)."""
     t = {}
     for r in results:
-        for vname, o in variants_of(r):
+        for vname, o in families_of(r):
             suffix = f"_{vname}" if vname else ""
             if o.get("fp8_mma_form") == WGMMA_FORM:
                 goal, cudnn = WGMMA_X_CUDNN.get(r["name"]), r.get("cudnn", {}).get("tflops")
@@ -520,7 +521,7 @@ def summary(results, ceils):
             p = r.get(key, {})
             if "tflops" in p:
                 e[key + "_tf"] = round(p["tflops"], 1)
-        for vname, o in variants_of(r):
+        for vname, o in families_of(r):
             pre = f"{vname}_" if vname else ""
             if "tflops" in o:
                 e.update({pre + "ours_ms": round(o["stream_ms"], 4), pre + "ours_tf": round(o["tflops"], 1)})
@@ -551,7 +552,7 @@ def summary(results, ceils):
     return s
 
 
-def offered_variants(dev_id):
+def offered_families(dev_id):
     """(name, fp8_mma_form) of every kernel family the operator offers on this GPU, the one -1
     picks first; [("mma.sync", 0)] where that cannot be asked."""
     try:
@@ -585,8 +586,8 @@ def main():
     dev = torch.device("cuda")
     dev_id = torch.cuda.current_device()
     name = torch.cuda.get_device_name(dev_id)
-    args.variant_list = offered_variants(dev_id)
-    log(f"{name}, torch {torch.__version__}, sets {chosen}, variants {[n for n, _ in args.variant_list]}")
+    args.family_list = offered_families(dev_id)
+    log(f"{name}, torch {torch.__version__}, sets {chosen}, families {[n for n, _ in args.family_list]}")
     st = dict(refs={}, h3refs={})
     st["op"], st["op_why"] = load_op()
     if st["op_why"]:
@@ -596,7 +597,7 @@ def main():
         log(f"{key}: {label}")
     for key, why in st["varlen_absent"].items():
         log(f"{key}: {why}")
-    forms = [f for _, f in args.variant_list]
+    forms = [f for _, f in args.family_list]
 
     results = []
     for i, (n, lens) in enumerate(SETS):

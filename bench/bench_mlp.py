@@ -1,6 +1,7 @@
-"""Times minimax_h3_mlp_fp8 end to end against torch peers and the e4m3 mma.sync ceiling, all in one run.
+"""Times minimax_h3_mlp_fp8 end to end against torch peers and the e4m3 ceiling of its kernel family,
+all in one run.
 
-python bench/bench_mlp.py [--rows 256 2048 16384 65536] [--quick] [--json PATH] [--no-compile]
+python bench/bench_mlp.py [--rows 256 2048 16384 65536] [--quick] [--form F] [--json PATH] [--no-compile]
 
 Per M (default 256, 2048, 16384, 65536), on the current GPU:
   ours         h3kernels.minimax_h3_mlp_fp8 with caller workspaces and out (nothing allocated per call)
@@ -9,8 +10,9 @@ Per M (default 256, 2048, 16384, 65536), on the current GPU:
                torch._scaled_mm rowwise (scale_a [M, 1], scale_b [1, N] f32, bf16 out)
   fp8 compile  torch.compile (default mode) of the fp8 eager function, M marked dynamic (one compile)
   GEMMs        the two bare _scaled_mm calls of fp8 eager (pre-quantized inputs), nothing else
-  ceiling      the e4m3 ceiling of the instruction family of the form the operator uses (wgmma
-               for --form 3, mma.sync otherwise)
+  ceiling      the e4m3 ceiling of the instruction family of the form the operator runs (--form,
+               default -1: the wgmma family on compute capability 9.0, mma.sync elsewhere;
+               h3kernels.cli.bench.ceiling_tflops)
 Every figure is a CUDA-event median after warm-up, with input sets rotated so that they exceed
 3x the L2 cache (the weights, 231 MB in e4m3, are shared: they exceed L2 by themselves). Two
 times per method: "call" (median_ms: one call, GPU idle at its start, so host latency included)

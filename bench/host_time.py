@@ -1,5 +1,5 @@
-"""Host time per operator call, measured while the GPU is busy (no call can wait on it), and the
-MLP at M = 256 on the GPU against torch.compile of the FP8 torch peer, in one run.
+"""Host time per operator call, measured while the GPU is busy (no call can wait on it), beside
+that of torch.compile of the FP8 torch MLP at M = 256 in the same run.
 
     python bench/host_time.py [--json PATH] [--calls N] [--profile]
 
@@ -7,8 +7,8 @@ Host time: h3kernels.testing.timing.host_ms_per_call (median of N calls, time.pe
 after warm-up, each round of calls queued behind a spin kernel). Cases: minimax_h3_mlp_fp8 at
 M = 256 and 16384, minimax_h3_varlen_attention_fp8 at 4 x 4096 tokens, 56 heads, with
 cu_seqlens_host and without (then each call reads cu_seqlens back: a device sync, so that
-figure includes waiting for the GPU). GPU time: median_ms_batched of back-to-back calls.
---profile adds the cProfile top functions of each host-time case.
+figure includes waiting for the GPU). GPU times are bench/bench_mlp.py's and
+bench/bench_attention.py's. --profile adds the cProfile top functions of each host-time case.
 """
 import argparse
 import cProfile
@@ -75,7 +75,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     dev = torch.device("cuda", torch.cuda.current_device())
     t0 = time.time()
-    result = dict(device=torch.cuda.get_device_name(dev), host_ms={}, gpu_ms={}, targets_ms=TARGET_MS)
+    result = dict(device=torch.cuda.get_device_name(dev), host_ms={}, targets_ms=TARGET_MS)
     packed, logical = weights(dev)
     cases = {}
     for m in (256, 16384):
@@ -102,12 +102,10 @@ def main(argv=None):
         if a.profile and not name.endswith("sync"):
             log(profile_top(fn))
 
-    # the whole MLP at M = 256 on the GPU: ours against torch.compile of the FP8 torch peer
+    # the host time of torch.compile's FP8 MLP at M = 256, the yardstick of the same run
     from h3kernels.peers import torch_mlp
 
     inp = mlp_inputs(256, dev)
-    ours = lambda: h3kernels.minimax_h3_mlp_fp8(*inp, *packed)
-    result["gpu_ms"]["mlp_m256_h3kernels"] = timing.median_ms_batched(ours, batch=20, warmup=2, reps=20)
     try:
         t = time.time()
         peer = torch.compile(torch_mlp.mlp_fp8)
@@ -115,13 +113,9 @@ def main(argv=None):
         peer_fn()
         torch.cuda.synchronize()
         result["torch_compile_s"] = round(time.time() - t, 1)
-        result["gpu_ms"]["mlp_m256_torch_compile_fp8_peer"] = timing.median_ms_batched(peer_fn, batch=20, warmup=2,
-                                                                                      reps=20)
         result["host_ms"]["mlp_m256_torch_compile_fp8_peer"] = timing.host_ms_per_call(peer_fn, calls=a.calls)
     except Exception as err:  # the peer is a yardstick: its failure must not lose our figures
         result["torch_compile_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-    for name, ms in result["gpu_ms"].items():
-        log(f"gpu  {name:<40} {ms:.4f} ms")
     result["elapsed_s"] = round(time.time() - t0, 1)
 
     log("\n| case | host ms/call (median) | target |")

@@ -2,11 +2,9 @@
 while nvidia-smi samples the SM clock, the board power and the clock-event reasons every 50 ms
 (0x4: the software power cap), reported per workload beside its time per call.
 
-    python3 bench/attention_power.py [--set 1x16384] [--builds NAME=VALUE[,NAME=VALUE] ...] [--no-peers]
-                                     [--inputs normal|signs|zeros]
+    python3 lab/attention_power.py [--set 1x16384] [--no-peers] [--inputs normal|signs|zeros]
 
-Workloads: minimax_h3_varlen_attention_fp8 (the default build, then each of --builds, e.g.
-DBG_PERF=3 for the matrix products alone), cuDNN's bf16 SDPA on the same set (as
+Workloads: minimax_h3_varlen_attention_fp8, cuDNN's bf16 SDPA on the same set (as
 h3kernels.peers.torch_attention runs it, out packed), and the e4m3
 wgmma ceiling (h3kernels.peers.wgmma_ceiling). --inputs signs replaces q, k and v by the signs
 of the random draws (every e4m3 code then +-448 up to K's smoothing: the tensor core's operands
@@ -23,12 +21,11 @@ import numpy as np
 import torch
 
 import h3kernels
-from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels.peers.torch_attention import sdpa_backend_bf16
 from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
 from h3kernels.testing.timing import attention_flops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from bench_attention import SETS, make_set  # noqa: E402
 
 SECONDS = 2.5
@@ -37,7 +34,6 @@ SECONDS = 2.5
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--set", default="1x16384", choices=[n for n, _ in SETS])
-    p.add_argument("--builds", nargs="*", default=[])
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--inputs", default="normal", choices=("normal", "signs", "zeros"))
     args = p.parse_args()
@@ -53,21 +49,16 @@ def main():
     out = torch.empty_like(s["q"])
     flops = attention_flops(lens, 56)
 
-    def ours(variant=()):
-        def run():
-            with hopper.use_build(variant):
-                h3kernels.minimax_h3_varlen_attention_fp8(s["q"], s["k"], s["v"], s["cu"], out,
-                                                          cu_seqlens_host=s["cu_host"])
-        return run
+    def ours():
+        h3kernels.minimax_h3_varlen_attention_fp8(s["q"], s["k"], s["v"], s["cu"], out, cu_seqlens_host=s["cu_host"])
 
-    work = [("h3kernels, default build", ours(), flops)]
-    work += [(f"h3kernels, {b}", ours(hopper.parse_variant(b)), flops) for b in args.builds]
+    work = [("h3kernels", ours, flops)]
     if not args.no_peers:
         cudnn, label = sdpa_backend_bf16(s["q"], s["k"], s["v"], s["cu_host"], "CUDNN_ATTENTION")
         if cudnn is not None:  # as bench_attention.py times it: batched where the segments allow
             work.append((label, cudnn, flops))
         work.append(("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None))
-    for _, f, _ in work:  # builds and warm-up outside the sampled time
+    for _, f, _ in work:  # compiles and warm-up outside the sampled time
         f()
     torch.cuda.synchronize()
     csv = os.path.join(out_dir, "attention_power.csv")

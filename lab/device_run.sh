@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One GPU run: install the carried wheels (.whl/), run the whole test suite on the GPU,
-# then the benchmarks, with logs under $OUT. Every step has its own time limit, and pytest dumps
+# One GPU run from the repository root: the whole test suite on the GPU, then the benchmarks of
+# bench/, with logs under $OUT (lab/device_env.sh installs any wheels placed in .whl/ first). Every step has its own time limit, and pytest dumps
 # every thread's stack if one test runs past 100 s (a hang then costs minutes, not the call).
-# A remote runner may return only a few files: logs stay plain, the JSON results go into results.tgz.
-# Usage (with the wheels of .whl/ beside the checkout): bash bench/device_run.sh [pytest args]
+# Logs stay plain files; the benchmarks' JSON results are packed into $OUT/results.tgz.
+# Usage: bash lab/device_run.sh [pytest args]
 # H3_RUN_BENCH="row attention mlp" picks the benchmarks (default: all three; "none": none).
 # H3_PYTEST_S and H3_PYTEST_ATTN_S: time limits of the two pytest runs (400 s, 120 s; on the H200
 # the attention tests took 36 s, and the rest took 182 s before the wgmma family's tests and more

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Downloads the wheels that the cuda12 extra puts under the kernels (CuPy, cuda-bindings, NVRTC,
 # NVVM, the runtime, nvJitLink, CCCL headers) for CPython 3.12 on manylinux x86_64, and cuts them
-# into parts small enough to carry one by one to an offline GPU machine. There,
-# bench/cuda12_env.sh joins the parts and installs the wheels beside the machine's CUDA 13
+# into parts small enough to copy one by one to a GPU machine without network access. There,
+# lab/cuda12_env.sh joins the parts and installs the wheels beside the machine's CUDA 13
 # environment. torch stays the machine's own: the cuda12 extra's torch (2.8-2.10, built for CUDA
 # 12.8) and the CUDA 12 libraries it pulls in are several GB.
 #
-# Usage: bash bench/cuda12_wheels.sh [DIR] [PART_MIB]   (DIR defaults to .whl12, PART_MIB to 60)
+# Usage: bash lab/cuda12_wheels.sh [DIR] [PART_MIB]   (DIR defaults to .whl12, PART_MIB to 60)
 # Leaves DIR/part-NN (copy them to the GPU machine in as many transfers as its limits need) and DIR/SHA256SUMS (the
-# wheels' checksums, carried with the first part); the downloaded wheels stay in DIR/wheels.
+# wheels' checksums, copied with the first part); the downloaded wheels stay in DIR/wheels.
 set -euo pipefail
 dir=${1:-.whl12}
 part_mib=${2:-60}
@@ -43,4 +43,4 @@ tar -cf - -C "$dir/wheels" . | split -b "${part_mib}M" -d -a 2 - "$dir/part-"
 ls -l "$dir/wheels"
 parts=("$dir"/part-*)
 echo "$(du -cb "$dir/wheels"/*.whl | tail -1 | cut -f1) bytes of wheels in ${#parts[@]} parts of" \
-     "at most $part_mib MiB: carry $dir/part-00 with $dir/SHA256SUMS, then one part per call"
+     "at most $part_mib MiB: copy $dir/part-00 with $dir/SHA256SUMS, then the other parts"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The reliability run on a GPU in one go (with the numpy 2.4 and hypothesis wheels of .whl/ beside the checkout):
+# The reliability run on a GPU in one go (lab/device_env.sh installs any wheels placed in .whl/):
 # the whole suite, then the hypothesis fuzzing with H3KERNELS_FUZZ_EXAMPLES cases per operator.
-# compute-sanitizer runs separately: bench/sanitize.sh. Logs under $OUT.
+# compute-sanitizer runs separately: lab/sanitize.sh. Logs under $OUT.
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
 export H3KERNELS_FUZZ_EXAMPLES=${H3KERNELS_FUZZ_EXAMPLES:-200}

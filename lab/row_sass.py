@@ -1,7 +1,7 @@
 """Static SASS of the Numba row kernel for sm_90 without a GPU: Numba PTX, then ptxas and nvdisasm.
 Prints registers and instruction counts by opcode (the kernel is issue-bound: fewer is faster).
 
-NUMBA_ENABLE_CUDASIM=0 PYTHONPATH=. python bench/row_sass.py"""
+NUMBA_ENABLE_CUDASIM=0 PYTHONPATH=. python lab/row_sass.py"""
 import collections
 import re
 import subprocess

@@ -1,5 +1,5 @@
 """Runs the row stage on fresh inputs until a_q differs from the reference, then saves that row's
-inputs and both outputs (for offline analysis). python bench/debug_row_mismatch.py OUT_FILE"""
+inputs and both outputs (for offline analysis). python lab/debug_row_mismatch.py OUT_FILE"""
 import sys
 
 import torch

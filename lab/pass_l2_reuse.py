@@ -4,7 +4,7 @@ group at a time? A stand-in for their traffic: a statistics pass that reads K an
 many bytes, over all heads at once or group after group (each group's two passes back to back,
 every configuration one CUDA graph, L2 flushed before each run), beside a copy.
 
-    python3 bench/pass_l2_reuse.py [tokens]   (default 16384; 56 heads)
+    python3 lab/pass_l2_reuse.py [tokens]   (default 16384; 56 heads)
 """
 import sys
 

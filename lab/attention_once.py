@@ -1,13 +1,16 @@
 """Runs minimax_h3_varlen_attention_fp8 a few times on one of bench_attention's segment sets, for a
-profiler to attach to (bench/ncu_attention.sh).
+profiler to attach to (lab/ncu_attention.sh).
 
-python bench/attention_once.py 4x4096 [calls]"""
+python lab/attention_once.py 4x4096 [calls]"""
 import sys
+from pathlib import Path
 
 import torch
 
 import h3kernels
-from bench_attention import SETS, make_set
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # the benchmarks' segment sets
+from bench_attention import SETS, make_set  # noqa: E402
 
 
 def main():

@@ -1,8 +1,8 @@
-"""Both operators once, for compute-sanitizer (bench/sanitize.sh): raw cudaMalloc for every array
+"""Both operators once, for compute-sanitizer (lab/sanitize.sh): raw cudaMalloc for every array
 (torch's caching allocator and CuPy's pool would hide an access past an array's end inside a
 pooled block), then a check that the results are finite where they must be.
 
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 python bench/sanitize_ops.py --mlp M --attn L1,L2,... --heads H
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 python lab/sanitize_ops.py --mlp M --attn L1,L2,... --heads H
 """
 import argparse
 

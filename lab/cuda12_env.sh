@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs the GPU suite with the cuda12 extra's packages on a machine whose Python environment is
 # built for CUDA 13 (cupy-cuda13x, cuda-bindings 13, NVRTC 13, torch +cu130), without touching
-# that environment: the wheels from bench/cuda12_wheels.sh go into a separate --target
+# that environment: the wheels from lab/cuda12_wheels.sh go into a separate --target
 # directory that PYTHONPATH puts first.
 #
-# Usage: bash bench/cuda12_env.sh PARTS_DIR [TARGET]   (TARGET defaults to /tmp/h3kernels-cuda12)
-#   PARTS_DIR holds part-NN and SHA256SUMS from bench/cuda12_wheels.sh, gathered over several
-#   calls. Joins them, checks the wheels' checksums, installs them with --no-deps --no-index,
+# Usage: bash lab/cuda12_env.sh PARTS_DIR [TARGET]   (TARGET defaults to /tmp/h3kernels-cuda12)
+#   PARTS_DIR holds part-NN and SHA256SUMS from lab/cuda12_wheels.sh, copied over as
+#   the machine allows. Joins them, checks the wheels' checksums, installs them with --no-deps --no-index,
 #   writes TARGET/env.sh and prints the versions the kernels get. Then:
 #   . TARGET/env.sh && python -m pytest -q tests
 #
@@ -17,7 +17,7 @@
 # each of them once: its cache then hands the CUDA 12 ones to every later caller. They are
 # loaded RTLD_LOCAL so that torch's own symbols still bind to its CUDA 13 libraries.
 set -euo pipefail
-parts=${1:?usage: bench/cuda12_env.sh PARTS_DIR [TARGET]}
+parts=${1:?usage: lab/cuda12_env.sh PARTS_DIR [TARGET]}
 parts=$(cd "$parts" && pwd)  # absolute: the checksums are checked from inside the wheels' directory
 target=${2:-/tmp/h3kernels-cuda12}
 python=${PYTHON:-python3}
@@ -31,7 +31,7 @@ cat "$parts"/part-* | tar -xf - -C "$wheels"
 
 cat > "$target/sitecustomize.py" <<'EOF'
 """Loads the CUDA 12 libraries of this directory before anything loads CUDA 13's (see
-bench/cuda12_env.sh)."""
+lab/cuda12_env.sh)."""
 import ctypes
 import glob
 import os

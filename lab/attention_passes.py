@@ -11,12 +11,13 @@ difference exits with status 1 after the timings.
 Each timed run queues its launches behind a spin kernel (testing.timing.occupy_gpu) long enough
 to cover their host work, so that a short pass is timed on the GPU, not at the host's launch rate.
 
-python bench/attention_passes.py [--bounds-ab] [SET ...]   (bench_attention's set names; default 4x4096 1x16384)
+python lab/attention_passes.py [--bounds-ab] [SET ...]   (bench_attention's set names; default 4x4096 1x16384)
   --bounds-ab: then again without numba_ptx.LAUNCH_BOUNDS (no register caps), in the same run
 """
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,8 +28,9 @@ from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.timing import (QUANT_PASSES_OF_COPY_WANTED as WANTED, QuantPasses, attention_quant_pass_bytes,
                                       copy_bandwidth_gbs, occupy_gpu)
 
-from bench_attention import SETS
-from bench_common import log
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # the benchmarks' segment sets
+from bench_attention import SETS  # noqa: E402
+from bench_common import log  # noqa: E402
 
 HEADS = 56
 CHECK_SET = [4096, 1000, 0, 130, 1, 255]  # checked bitwise: ragged, empty and one-key segments

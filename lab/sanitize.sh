@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck) over both operators at three sizes each,
 # ragged segment lists included. Logs under $OUT/sanitize/, one line per run on
-# stdout. Usage on the GPU machine (with the wheels of .whl/ beside the checkout): bash bench/sanitize.sh [tools]
+# stdout. Usage on a GPU machine, from the repository root: bash lab/sanitize.sh [tools]
 # H3_SANITIZE_FORM: fp8_mma_form of both operators (default -1; 3: the wgmma families on sm_90a);
 # H3_SANITIZE_SIZES: which of the three sizes (default "0 1 2").
 # The MLP sizes cover form 3's split tiles on 132 SMs: FC2's at M = 1 and 129, FC1's at 400.
@@ -12,13 +12,13 @@ LOG=$OUT/sanitize; mkdir -p "$LOG"
 TOOLS=${1:-memcheck synccheck racecheck}
 SIZES=("--mlp 1 --attn 1 --heads 1" "--mlp 129 --attn 0,127,129,0,300 --heads 8" "--mlp 400 --attn 4096,1,700 --heads 4")
 FORM=${H3_SANITIZE_FORM:--1}
-python3 bench/sanitize_ops.py --mlp 1 --attn 1 --heads 1 --form $FORM > "$LOG/warmup.log" 2>&1  # fills the kernel cache
+python3 lab/sanitize_ops.py --mlp 1 --attn 1 --heads 1 --form $FORM > "$LOG/warmup.log" 2>&1  # fills the kernel cache
 for tool in $TOOLS; do
   for i in ${H3_SANITIZE_SIZES:-0 1 2}; do
     f=$LOG/$tool-$i.log
     start=$(date +%s)
     timeout ${H3_SANITIZE_S:-120} compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 --report-api-errors no \
-      python3 bench/sanitize_ops.py ${SIZES[$i]} --form $FORM > "$f" 2>&1
+      python3 lab/sanitize_ops.py ${SIZES[$i]} --form $FORM > "$f" 2>&1
     rc=$?
     echo "$tool [${SIZES[$i]}]: rc=$rc, $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$f" | tail -1), ran: $(grep -c ': ok$' "$f") of 2 operators, $(( $(date +%s) - start )) s"
   done

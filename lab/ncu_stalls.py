@@ -1,7 +1,7 @@
-"""Sums the warp-stall samples of an Nsight Compute SASS export (bench/ncu_attention.sh writes
+"""Sums the warp-stall samples of an Nsight Compute SASS export (lab/ncu_attention.sh writes
 $OUT/ncu_<set>_sass.csv) by stall reason and by opcode: where a kernel's warps wait, and on what.
 
-python bench/ncu_stalls.py $OUT/ncu_4x4096_sass.csv [--top 16]"""
+python lab/ncu_stalls.py $OUT/ncu_4x4096_sass.csv [--top 16]"""
 import argparse
 import collections
 import csv

@@ -1,5 +1,6 @@
-# Source this on the device machine: installs the carried wheels (.whl/) and sets the paths.
-#   source bench/device_env.sh; python3 -m pytest ...
+# Source this on a GPU machine before the scripts of lab/: installs any wheels placed in .whl/ at
+# the repository root (for a machine without network access) and sets the paths.
+#   source lab/device_env.sh; python3 -m pytest ...
 OUT=${OUT:-/tmp/h3out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
