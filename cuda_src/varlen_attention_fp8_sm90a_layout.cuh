@@ -25,7 +25,7 @@ constexpr int kOutPitch = 2 * HD + 16;    // bytes per row of a warp's out stagi
                                           // padding make the fragment's 4-byte stores free of bank conflicts
 constexpr int kOutWarpBytes = 16 * kOutPitch;  // a consumer warp's 16 rows
 constexpr int kProducerRegs = 24;         // setmaxnreg: what the TMA warpgroup keeps
-constexpr int kConsumerRegs = 240;        // and each softmax warpgroup takes (see the kernel's comment)
+constexpr int kConsumerRegs = 240;        // and each softmax warpgroup takes: O, the P V partial, S, P
 constexpr int kChainStages = 8;           // stages (1024 keys) a P V partial runs on in the tensor core
 constexpr bool kExactL = EXACT_L;         // also the FP32 sum of the unrounded P, for the lse
 
