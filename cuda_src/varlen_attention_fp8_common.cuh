@@ -82,8 +82,10 @@ __device__ __forceinline__ void row_maxima(float& m0, float& m1) {
 // may alias q): with Q_FIRST all of them before the first word, in a loop of their own (the
 // shorter code where the words go to shared memory), else each tile's just before its words
 // (fewer live registers where they go to out directly). pitch: elements between consecutive
-// tokens of q; q_first: a row of the segment, read in place of rows past it.
-template <int HDIM, bool Q_FIRST, class Acc, class Put>
+// tokens of q; q_first: a row of the segment, read in place of rows past it. READ_ONLY: s_v and
+// mu through the read-only cache by name (__ldg), for a kernel whose pointers come from a parameter
+// struct, where the compiler does not infer it as it does from const __restrict__ parameters.
+template <int HDIM, bool Q_FIRST, bool READ_ONLY, class Acc, class Put>
 __device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, float m0, float m1, float l0,
                                               float l1, float lse_l0, float lse_l1, const float* __restrict__ s_v,
                                               const float* __restrict__ mu, const u16* q, float* __restrict__ lse,
@@ -96,8 +98,9 @@ __device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, f
   const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t;
   const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HDIM + 2 * t;
   float d0 = 0.f, d1 = 0.f;
+  auto load = [](const float* a) { return READ_ONLY ? __ldg(a) : *a; };
   auto dot = [&](int ct) {
-    const float ma = mus[ct * 8], mb = mus[ct * 8 + 1];
+    const float ma = load(mus + ct * 8), mb = load(mus + ct * 8 + 1);
     const u32 qa = *reinterpret_cast<const u32*>(qr0 + ct * 8), qb = *reinterpret_cast<const u32*>(qr1 + ct * 8);
     d0 = fmaf(__uint_as_float(qa & 0xffff0000u), mb, fmaf(__uint_as_float(qa << 16), ma, d0));
     d1 = fmaf(__uint_as_float(qb & 0xffff0000u), mb, fmaf(__uint_as_float(qb << 16), ma, d1));
@@ -122,7 +125,7 @@ __device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, f
 #pragma unroll
   for (int ct = 0; ct < HDIM / 8; ++ct) {
     if (!Q_FIRST && lse != nullptr) dot(ct);
-    const float v0 = sv[ct * 8], v1 = sv[ct * 8 + 1];
+    const float v0 = load(sv + ct * 8), v1 = load(sv + ct * 8 + 1);
     put(0, ct, (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16));
     put(1, ct, (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16));
   }
@@ -140,8 +143,8 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
   const int row1 = row0 + 8;
   u16* out0 = out + (i64)row0 * pitch + h * HDIM + 2 * t;
   u16* out1 = out + (i64)row1 * pitch + h * HDIM + 2 * t;
-  epilogue_rows<HDIM, false>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads, pitch,
-                             tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
+  epilogue_rows<HDIM, false, false>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads,
+                                    pitch, tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
                         if ((half ? row1 : row0) < end) *reinterpret_cast<u32*>((half ? out1 : out0) + ct * 8) = word;
                       });
 }

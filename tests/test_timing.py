@@ -1,54 +1,67 @@
-"""h3kernels.testing.timing's host-side pieces, on the CPU: the attention kernel's launch recorded
-and replayed (with both families' launch functions stubbed), and the passes' byte counts."""
+"""h3kernels.testing.timing's host-side pieces, on the CPU: the attention kernel's launch record
+replayed (the call's launch layer stood in for), and the passes' byte counts."""
 import pytest
+import torch
 
-from h3kernels._launch import varlen_attention_fp8 as mma_sync
-from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+import h3kernels.varlen_attention_fp8 as op
+from h3kernels._launch import varlen_attention_fp8 as launch
+from h3kernels._runtime import arrays, launcher, targets
 from h3kernels.testing.timing import attention_kernel_alone, attention_quant_least_bytes, attention_quant_pass_bytes
 
 
-def test_kernel_alone_replays_the_hopper_launch_and_restores_it(monkeypatch):
-    calls = []
-    monkeypatch.setattr(hopper, "launch", lambda *a: calls.append(a))
-    original = hopper.launch
-    replay = attention_kernel_alone(lambda: hopper.launch("call", 7, "maps", ("values",), ()))
-    assert hopper.launch is original and calls == [("call", 7, "maps", ("values",), ())]
-    replay()
-    assert calls == [("call", 7, "maps", ("values",), ())] * 2
+class FakeCall:
+    device_id, stream_ptr = 0, 7
+    made_current = 0
+
+    def __init__(self, named):
+        self.named = named
+
+    def empty(self, shape, dtype):
+        return torch.zeros(shape, dtype=torch.bfloat16)
+
+    def make_current(self):
+        FakeCall.made_current += 1
+        return "previous"
 
 
-def test_kernel_alone_replays_the_mma_sync_launch_and_restores_it(monkeypatch):
-    launches = []
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """The call's checks, arrays, form and launch layer stood in for; run() returns `record[0]`."""
+    runs, restored, record = [], [], [None]
+    monkeypatch.setattr(op, "check_call", lambda q, k, v, cu, out, cu_host, scale, form: (3, 2, 0.125, (0, 3)))
+    monkeypatch.setattr(arrays, "Call", FakeCall)
+    monkeypatch.setattr(arrays, "restore", restored.append)
+    monkeypatch.setattr(targets, "attention_mma_form", lambda device_id, form: 3 if form == -1 else form)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(launch, "run", lambda *a: runs.append(a) or record[0])
+    return runs, restored, record
+
+
+def test_kernel_alone_replays_the_attention_kernels_launch_record(stand_ins):
+    runs, restored, record = stand_ins
+    launched = []
 
     class Kernel:
         def launch(self, *a):
-            launches.append(a)
+            launched.append(a)
+            return "again"
 
-    monkeypatch.setattr(mma_sync, "attention_kernel", lambda device_id, form: (Kernel(), 132))
-    original = mma_sync.attention_kernel
+    record[0] = launcher.LaunchRecord(Kernel(), 7, (132, 1), 384, ("values",))
+    q = torch.zeros(3, 2, 128, dtype=torch.bfloat16)
+    replay = attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3])
+    (call, *args, out, form), = runs
+    assert isinstance(call, FakeCall) and args[:4] == [q, q, q, args[3]] and args[4:] == [(0, 3), 2, 0.125]
+    assert out.shape == (3, 2, 128) and form == 3 and launched == []
+    assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",))]
+    assert restored == ["previous", "previous"] and replay.arrays[0] is q and replay.arrays[1] is out
+    attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3], form=0)
+    assert runs[-1][-1] == 0
 
-    def call():
-        f, _ = mma_sync.attention_kernel(0, 0)
-        f.launch("stream", (132, 1), 256, ("args",))
 
-    replay = attention_kernel_alone(call)
-    assert mma_sync.attention_kernel is original and len(launches) == 1
-    replay()
-    assert launches == [("stream", (132, 1), 256, ("args",))] * 2
-
-
-def test_kernel_alone_restores_the_launches_when_the_call_raises(monkeypatch):
-    monkeypatch.setattr(hopper, "launch", lambda *a: None)
-    before = (hopper.launch, mma_sync.attention_kernel)
-
-    def call():
-        raise ValueError("q: bad")
-
-    with pytest.raises(ValueError):
-        attention_kernel_alone(call)
-    assert (hopper.launch, mma_sync.attention_kernel) == before
+def test_kernel_alone_raises_when_the_call_launched_no_kernel(stand_ins):
+    q = torch.zeros(3, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="no attention kernel"):
-        attention_kernel_alone(lambda: None)
+        attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3])
 
 
 def test_quant_pass_bytes_count_what_each_pass_moves():

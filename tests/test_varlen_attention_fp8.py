@@ -22,7 +22,7 @@ from h3kernels._runtime import workspace
 from h3kernels._launch import varlen_attention_fp8_plan as P
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
 from h3kernels.testing.checks import attention_misses, exact_attention, reference_rows, rel_l2, same_bits
-from h3kernels.constants import HEAD_DIM
+from h3kernels.constants import HEAD_DIM, K_BLOCK
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.poison import poisoned_like
 
@@ -399,7 +399,71 @@ def test_launch_values_fit_the_kernels_parameters(monkeypatch):
     assert [name for name, *_ in cross] == ["q_kernel", "k_quant_kernel", "v_quant_kernel"]
     for name, kern, grid, threads, values in own + cross:
         assert len(values) == len(numba_ptx.params(name)), name
+    build = L.AttentionBuild("sm_90")
+    assert build.kernel_params(L.KERNEL) == L.PARAMS and build.kernels == (L.KERNEL,)
     assert len(L.PARAMS) == 19  # 13 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
+
+
+def test_mma_sync_builds_are_values_one_per_form_of_the_arch():
+    assert L.shipped_builds("sm_120a") == (L.AttentionBuild("sm_120a", 0), L.AttentionBuild("sm_120a", 2))
+    assert L.shipped_builds("sm_90") == (L.AttentionBuild("sm_90", 0),) == L.shipped_builds("sm_90")
+    assert L.shipped_builds("sm_89") == (L.AttentionBuild("sm_89", 0),) and L.shipped_builds("sm_90a") == ()
+    d90, d120 = L.AttentionBuild("sm_90").defines(), L.AttentionBuild("sm_120a", 2).defines()
+    assert (d90["Q_IN_REGS"], d90["SKIP_SETTLED_RESCALE"], d90["H3_MMA_FORM"]) == (0, 0, 0)
+    assert (d120["Q_IN_REGS"], d120["SKIP_SETTLED_RESCALE"], d120["H3_MMA_FORM"]) == (1, 1, 2)
+    assert L.AttentionBuild("sm_89").dynamic_smem(L.KERNEL) == L.SMEM_BYTES and L.ARCHS == ("sm_120a", "sm_90", "sm_89")
+
+
+def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
+    """Form 0 through the launch layer with a stand-in workspace: the call's build through the one
+    loader, a grid of at most the kernel's cap, the parameters in the kernel's order; run()
+    returns the launch's record, None when the plan has no tiles."""
+    import threading
+
+    from h3kernels._runtime import compiler, targets
+
+    cu, heads, base = (0, 300, 300, 429), 2, 1 << 30
+    tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
+
+    class Plan:
+        ptrs = (11, 12, 13, 14)
+        rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
+
+    class Ws:
+        lock = threading.Lock()
+        wait = record = lambda self, capturing: None
+        plan = lambda self, key, make, capturing: Plan()  # noqa: E731
+        reserve = lambda self, nbytes, capturing, plan: base  # noqa: E731
+
+    class Kernel:
+        def grid_cap(self, threads):
+            return 4
+
+        def launch(self, stream, grid, threads, values):
+            launched.append((stream, grid, threads, values))
+            return "record"
+
+    class Call:
+        device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
+
+    launched, loaded = [], []
+    monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
+    monkeypatch.setattr(L, "quant_launches", lambda *a: [])
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_120a")
+    monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
+    q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
+    out = torch.zeros_like(q)
+    assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) == "record"
+    assert loaded == [(L.SOURCE, L.KERNEL, "sm_120a", L.AttentionBuild("sm_120a", 2), 0)]
+    (stream, grid, threads, values), = launched
+    parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    assert (stream, grid, threads) == (7, (4, 1), L.THREADS) and len(values) == len(L.PARAMS)
+    assert values == (11, len(tiles), 12, base + parts["q8"][0], base + parts["s_q"][0], base + parts["k8"][0],
+                      base + parts["s_k"][0], base + parts["v8t"][0], base + parts["s_v"][0], out.data_ptr(), heads,
+                      len(blocks) * K_BLOCK, 0.125 * L.LOG2E, 0, q.data_ptr(), base + parts["mu"][0], cu[-1], 0.125,
+                      14)
+    Plan.rows = (0, 1, 0, 2)
+    assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) is None
 
 
 # --- validation ---------------------------------------------------------------------------------

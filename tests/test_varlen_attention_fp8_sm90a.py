@@ -3,10 +3,10 @@
 the form selection and launch parameters, and (GPU, compute capability 9.0) its results.
 
 Its tensor cores add with fewer bits than FP32 (S: 128 products per score, except in a segment
-of one 64-key block, whose S comes from mma.sync; P V: 64 keys per partial), so its output is
-not the mma.sync forms' bits; it is held to the attention's settled
-bounds (h3kernels.testing.checks.attention_misses: rel L2 from the reference, and against exact
-attention at most 1.1x the reference's own error)."""
+of one 64-key block, whose S comes from mma.sync; P V: chains of up to 1024 keys), so its output
+is not the mma.sync forms' bits; it is held to the attention's settled bounds
+(h3kernels.testing.checks.attention_misses: rel L2 from the reference, and against exact attention
+at most 1.1x the reference's own error)."""
 import types
 
 import numpy as np
@@ -18,7 +18,7 @@ from h3kernels import reference as R
 from h3kernels._launch import varlen_attention_fp8 as L
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._launch.numba.varlen_attention_fp8_quant import v_key_at
-from h3kernels._runtime import compiler, launcher, targets
+from h3kernels._runtime import compiler, targets
 from h3kernels.cli import compile_check
 from h3kernels.testing.checks import attention_misses, attention_reference_misses, rel_l2, same_bits
 from h3kernels.testing.inputs import make_attention_inputs
@@ -36,30 +36,55 @@ def _on_sm90():
 needs_sm90 = pytest.mark.skipif(not _on_sm90(), reason="needs a compute capability 9.0 GPU (sm_90a)")
 
 
-def test_varlen_sm90a_builds_without_spills_or_serialized_wgmma(capsys):
-    assert compile_check.check(("sm_90",), ["varlen_attention_fp8_sm90a"])["ok"]
-    out = capsys.readouterr().out
-    assert "sm_90a" in out and "h3_varlen_attention_fp8_wgmma" in out
+SHIPPED = hopper.shipped_builds(hopper.ARCH)
 
 
-@pytest.mark.parametrize("variant", hopper.VARIANTS + hopper.ACCUMULATION,
-                         ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
-def test_varlen_sm90a_measured_builds_without_spills_or_serialized_wgmma(variant):
-    """Every measured build compiles without spills, warnings or a serialized wgmma."""
-    _, log, _ = compiler.compile_cubin("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)),
-                                       ("-Xptxas=-v",), use_cache=False, appended=compile_check._nonce())
-    report = compile_check.parse_ptxas(log)["h3_varlen_attention_fp8_wgmma"]
+@pytest.mark.parametrize("build", SHIPPED, ids=lambda b: f"lse{int(b.lse)}")
+def test_varlen_sm90a_builds_without_spills_or_serialized_wgmma(build):
+    """Each shipped build (the plain one and the exact-l one for calls that want the lse)
+    compiles without spills, warnings or a serialized wgmma."""
+    _, log, _ = compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), ("-Xptxas=-v",), use_cache=False,
+                                       appended=compile_check._nonce())
+    report = compile_check.parse_ptxas(log)[hopper.KERNEL]
     assert report["stack"] == report["spill_st"] == report["spill_ld"] == 0, report
     assert not [ln for ln in log.splitlines() if "warn" in ln.lower()], log
     assert not [ln for ln in log.splitlines() if "serialized" in ln], log
 
 
-@pytest.mark.parametrize("variant", ((),) + hopper.VARIANTS + hopper.ACCUMULATION,
-                         ids=lambda v: "_".join(f"{a}{b}" for a, b in v) or "default")
-def test_varlen_sm90a_touches_no_wgmma_register_in_flight(variant):
-    ptx = compiler.compile_ptx("varlen_attention_fp8_sm90a", hopper.ARCH, hopper.defines(**dict(variant)))
+@pytest.mark.parametrize("build", SHIPPED, ids=lambda b: f"lse{int(b.lse)}")
+def test_varlen_sm90a_touches_no_wgmma_register_in_flight(build):
+    ptx = compiler.compile_ptx(hopper.SOURCE, hopper.ARCH, build.defines())
     assert ptx.count("wgmma.mma_async") >= 6
     assert wgmma_register_hazards(ptx) == []
+
+
+def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
+    """The launch layer's PARAMS lays AttentionParams out as the compiler does (the static_asserts
+    of every offset and of the size compile), the maps first and 64-byte aligned, then the
+    mma.sync kernel's parameters in its order less q8, k8, v8t and v_pitch."""
+    build = hopper.AttentionBuild()
+    compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False,
+                           appended=hopper.PARAMS.c_layout_checks())
+    wrong = hopper.PARAMS.c_layout_checks().replace("== 392", "== 396")
+    with pytest.raises(compiler.CompileError, match="n_tiles"):
+        compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False, appended=wrong)
+    offsets = hopper.PARAMS.offsets
+    assert [offsets[m] for m in ("map_q", "map_k", "map_v", "tiles")] == [0, 128, 256, 384]
+    assert len(hopper.PARAMS.fields) == 18 and hopper.PARAMS.size == 512
+    formats = tuple(fmt for _, fmt in hopper.PARAMS.fields)
+    assert formats[3:] == L.PARAMS[:3] + (L.PARAMS[4], L.PARAMS[6]) + L.PARAMS[8:11] + L.PARAMS[12:]
+    assert all(b.kernel_params(k) is hopper.PARAMS for b in SHIPPED for k in b.kernels)
+
+
+def test_varlen_sm90a_shipped_builds_are_values():
+    """Two builds ship on sm_90a, hashable values that differ only in the exact-l constant; none
+    elsewhere."""
+    plain, exact = SHIPPED
+    assert (plain.lse, exact.lse) == (False, True) and hopper.AttentionBuild() == plain
+    assert len({plain, exact, hopper.AttentionBuild(lse=True)}) == 2
+    assert {k: v for k, v in exact.defines().items() if plain.defines()[k] != v} == {"EXACT_L": 1}
+    assert plain.kernels == (hopper.KERNEL,) and plain.dynamic_smem(hopper.KERNEL) == hopper.SMEM_BYTES
+    assert hopper.shipped_builds("sm_90") == () and hopper.ARCHS == ("sm_90a",)
 
 
 def test_ptx_check_finds_a_wgmma_a_register_written_before_its_wait():
@@ -84,62 +109,40 @@ $L__BB0_2:
 
 def test_varlen_sm90a_build_without_its_constants_stops():
     with pytest.raises(compiler.CompileError, match="-D constants"):
-        compiler.compile_cubin("varlen_attention_fp8_sm90a", "sm_90a", {}, use_cache=False)
+        compiler.compile_cubin(hopper.SOURCE, "sm_90a", {}, use_cache=False)
 
 
 def test_varlen_sm90a_constants_fit_the_kernel_and_sm90():
     assert hopper.BKV == L.BKV  # the same key blocks as the mma.sync kernel: the same running max
-    assert hopper.KSB == L.KSB == 128 and hopper.HD == 128 and hopper.BQ == 128
-    assert hopper.SMEM_BYTES <= 227 * 1024 and hopper.shape() == (hopper.BQ, hopper.THREADS, hopper.SMEM_BYTES)
-    for consumers, (producer, consumer) in hopper.REGS.items():  # setmaxnreg within the SM's 65536
-        bq, threads, smem = hopper.shape(consumers)
-        assert bq == 64 * consumers and threads == 128 * (1 + consumers) and smem <= 227 * 1024
-        assert producer * 128 + consumers * consumer * 128 <= 65536 and producer % 8 == 0 and consumer % 8 == 0
-        d = hopper.defines(CONSUMERS=consumers)
-        assert (d["BQ"], d["PRODUCER_REGS"], d["CONSUMER_REGS"]) == (bq, producer, consumer)
+    assert hopper.KSB == L.KSB == 128 and hopper.HD == 128 and hopper.BQ == 128 == L.BQ
+    assert hopper.THREADS == 384 and hopper.SMEM_BYTES <= 227 * 1024
 
 
-def test_varlen_sm90a_three_consumer_build_takes_192_query_tiles(monkeypatch):
-    """The CONSUMERS 3 build: the call's plan cuts 192-query tiles, its Q box is 192 rows, and
-    the launch takes 512 threads and that build's shared memory."""
-    from h3kernels._launch import varlen_attention_fp8_plan as P
-
-    c3 = (("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))
-    assert c3 in hopper.ACCUMULATION and hopper.q_tile() == 128
-    with hopper.use_build(c3):
-        assert hopper.q_tile() == 192
-    tiles, _, _, _ = P.plan_arrays((0, 400, 400, 590), 2, 192)
-    assert tiles[:, 2].tolist() == [0, 192, 384, 0, 192, 384, 400, 400]
-    assert tiles[:, 3].tolist() == [0, 0, 0, 1, 1, 1, 0, 1]
-    assert P.plan_arrays((0, 400), 2)[0][:, 2].tolist() == [0, 128, 256, 384] * 2
+def test_varlen_sm90a_maps_cover_the_workspace(monkeypatch):
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
-    assert hopper.maps(1, 10, 2, 10, 3, 4, 128, 192)[0] == (1, 10, 4 * 128, 192)
-    launched, loaded = [], []
+    assert hopper.maps(1, 10, 2, 12, 3, 4, 256) == ((1, 10, 4 * 128, 128), (2, 12, 4 * 128, 128),
+                                                    (3, 4 * 128, 256, 128))
 
-    class F:
+
+def test_varlen_sm90a_launch_takes_a_persistent_grid_of_the_build(monkeypatch):
+    """launch(): the build's kernel through the one loader, at most one CTA per SM, 384 threads,
+    the struct's values as given; its LaunchRecord back."""
+    loaded, launched = [], []
+
+    class Kernel:
         def launch(self, stream, grid, threads, values):
-            launched.append((grid, threads))
+            launched.append((stream, grid, threads, values))
+            return "record"
 
-    def load_kernel(ident, image, name, device_id, params, smem):
-        loaded.append(smem)
-        return F()
-
-    monkeypatch.setattr(hopper, "_kernels", {})
+    monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
     monkeypatch.setattr(hopper, "sm_count", lambda device_id: 132)
-    monkeypatch.setattr(compiler, "load_kernel", load_kernel)
-    call = types.SimpleNamespace(device_id=0, stream_ptr=7)
-    values = [0] * (len(hopper.PARAMS) - 3)
-    hopper.launch(call, 500, (), values, c3)
-    hopper.launch(call, 5, (), values)
-    assert launched == [((132, 1), 512), ((5, 1), 384)]
-    assert loaded == [hopper.shape(3)[2], hopper.SMEM_BYTES]
-
-
-def test_varlen_sm90a_map_parameters_sit_where_the_entry_expects_them():
-    offsets = launcher.param_layout(hopper.PARAMS)[1]
-    assert offsets[:4] == [0, 128, 256, 384] and len(hopper.PARAMS) == 18
-    # the mma.sync kernel's parameters without q8, k8, v8t and v_pitch, the same order otherwise
-    assert hopper.PARAMS[3:] == L.PARAMS[:3] + (L.PARAMS[4], L.PARAMS[6]) + L.PARAMS[8:11] + L.PARAMS[12:]
+    call = types.SimpleNamespace(device_id=1, stream_ptr=7)
+    exact = hopper.AttentionBuild(lse=True)
+    assert hopper.launch(call, 500, exact, "values") == "record"
+    hopper.launch(call, 5, hopper.AttentionBuild(), "values")
+    assert loaded == [(hopper.SOURCE, hopper.KERNEL, "sm_90a", exact, 1),
+                      (hopper.SOURCE, hopper.KERNEL, "sm_90a", hopper.AttentionBuild(), 1)]
+    assert launched == [(7, (132, 1), 384, "values"), (7, (5, 1), 384, "values")]
 
 
 # --- the P fragment between the two wgmmas ---------------------------------------------------------
@@ -200,31 +203,11 @@ def test_varlen_form_3_elsewhere_is_a_value_error(monkeypatch, arch):
         targets.attention_mma_form(0, 3)
 
 
-def test_use_build_sets_the_variant_of_launches_given_none(monkeypatch):
-    """use_build: the variant of the block's launches (and of none outside it); a call that wants
-    the lse takes that variant's EXACT_L build, or the variant itself where l is in FP32 anyway
-    (L_IN_CORE 0)."""
-    built = []
-
-    class Kernel:
-        def launch(self, *a):
-            pass
-
-    monkeypatch.setattr(hopper, "attention_kernel", lambda device_id, variant: built.append(variant) or (Kernel(), 4, 384))
-    call = types.SimpleNamespace(device_id=0, stream_ptr=0)
-    values = [0] * (len(hopper.PARAMS) - 3)
-    with_lse = list(values)
-    with_lse[hopper.LSE_VALUE] = 1234
-    variant = (("MAX_TREE", 0), ("S128", 0))
-    hopper.launch(call, 8, (), values)
-    with hopper.use_build(variant):
-        hopper.launch(call, 8, (), values)
-        hopper.launch(call, 8, (), with_lse)
-        hopper.launch(call, 8, (), values, ())  # given: as given
-    hopper.launch(call, 8, (), values)
-    fp32_l = (("FOLD_SCALE", 0), ("L_IN_CORE", 0))
-    hopper.launch(call, 8, (), with_lse, fp32_l)
-    assert built == [(), variant, (("EXACT_L", 1), *variant), (), (), fp32_l]
+def test_varlen_calls_take_the_exact_l_build_when_they_want_the_lse(monkeypatch):
+    monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_90")
+    assert L.attention_build(0, 3, False) == hopper.AttentionBuild(lse=False)
+    assert L.attention_build(0, 3, True) == hopper.AttentionBuild(lse=True)
+    assert L.attention_build(0, 0, True) == L.AttentionBuild("sm_90", 0)
 
 
 # --- results (compute capability 9.0) ------------------------------------------------------------
@@ -305,50 +288,6 @@ def test_varlen_sm90a_is_near_form_0_and_repeatable(seed):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", hopper.VARIANTS, ids=lambda v: "_".join(f"{a}{b}" for a, b in v))
-def test_varlen_sm90a_schedules_give_their_peers_bits(variant, seed):
-    """Every other schedule of VARIANTS (the block loop, OVERLAP, PINGPONG, S128 2, ...) gives the
-    bits of its bitwise_peer (the default, or the default's loop with 64-key maxima for the loops
-    without the stage max), lse included: segments with a masked high half (129, 2100), one-block
-    segments (1, 64), one longer than a tensor-core chain of 1024 keys (2100) and an empty one."""
-    q, k, v, cu_dev, cu = make_attention_inputs([1000, 0, 129, 64, 2100, 1], 8, device="cuda", seed=seed)
-    with hopper.use_build(hopper.bitwise_peer(variant)):
-        want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-    with hopper.use_build(variant):
-        got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-    torch.cuda.synchronize()
-    assert torch.isfinite(want.float()).all()
-    assert same_bits(got, want) and same_bits(lse, want_lse)
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("seqlens,heads,k_offset", [([1000, 0, 129, 64, 300, 1], 8, 0.0), ([191, 192, 193, 383, 385], 4, 0.0),
-                                                   ([300, 0, 77, 1, 2000], 56, 40.0), ([7000, 3000, 0, 6000, 384], 2, 0.0)])
-def test_varlen_sm90a_three_consumer_build_within_the_bounds(seqlens, heads, k_offset, seed):
-    """The CONSUMERS 3 build (192-query tiles, O in the tensor core) within the attention's bounds,
-    its lse that of the default loop with the same 64-key maxima (BLOCK_MAX), two runs bitwise
-    equal; its OVERLAP schedule and the two-consumer block loop with O in the tensor core give its
-    bits (the same arithmetic in the same order)."""
-    q, k, v, cu_dev, cu = make_attention_inputs(seqlens, heads, device="cuda", seed=seed, k_offset=k_offset)
-    with hopper.use_build(hopper.BLOCK_MAX):
-        want, want_lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-    with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
-        got, lse = run3(q, k, v, cu_dev, cu, return_lse=True)
-        again = run3(q, k, v, cu_dev, cu)
-    same = []
-    for variant in ((("CONSUMERS", 3), ("O_IN_CORE", 2), ("OVERLAP", 1), ("S128", 0)), (("O_IN_CORE", 2), ("S128", 0))):
-        with hopper.use_build(variant):
-            same.append(run3(q, k, v, cu_dev, cu))
-    torch.cuda.synchronize()
-    assert torch.isfinite(got.float()).all() and same_bits(got, again)
-    assert all(same_bits(other, got) for other in same)
-    assert not attention_misses(got, q, k, v, cu)
-    assert torch.allclose(lse, want_lse, rtol=1e-5, atol=0)  # the lse's own FP32 sum: its peer's up to order
-
-
-@pytest.mark.gpu
-@needs_sm90
 @pytest.mark.parametrize("seqlens,heads,k_offset", [([0, 1, 127, 128, 129, 4096], 8, 0.0),
                                                    ([300, 0, 77, 1, 2000], 56, 40.0)])
 def test_varlen_sm90a_lse(seqlens, heads, k_offset, seed):
@@ -384,19 +323,16 @@ def test_varlen_sm90a_lse_with_out_aliasing_q(seed):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("variant", [(), (("FOLD_SCALE", 0),), (("FOLD_SCALE", 0), ("L_IN_CORE", 0))],
-                         ids=["default", "unfolded", "unfolded_l_fp32"])
-def test_varlen_sm90a_huge_scores_stay_finite(variant, seed):
+def test_varlen_sm90a_huge_scores_stay_finite(seed):
     """Queries scaled by 1e30: S stays finite in FP32 and P is one-hot per row, so each such row
     is one key's dequantized v. The tensor core sums S to about 2^-14 of its largest term, so
     where a row's two best keys lie within 2^-10 of each other either may win, or both (equal P
-    on each: their mean); a row with a clear best key must give the reference's row. The default
-    build folds the scaling into the subtraction of the max (FOLD_SCALE), whose margin saturates
-    the maximum's P there instead of losing it."""
+    on each: their mean); a row with a clear best key must give the reference's row. The kernel
+    folds the scaling into the subtraction of the max, whose margin saturates the maximum's P
+    there instead of losing it."""
     q, k, v, cu_dev, cu = make_attention_inputs([200, 150], 2, device="cuda", seed=seed)
     q[200:] = (q[200:].float() * 1e30).bfloat16()
-    with hopper.use_build(variant):
-        got = run3(q, k, v, cu_dev, cu)
+    got = run3(q, k, v, cu_dev, cu)
     want = R.attention_fp8(q, k, v, cu)
     torch.cuda.synchronize()
     assert torch.isfinite(got.float()).all()
@@ -434,8 +370,9 @@ def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
 
 def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch):
     """Form 3 through the launch layer with a stand-in workspace: the same passes and plan as form
-    0, then one launch whose maps cover the workspace's q8, k8 (heads * 128 bytes per token) and
-    v8t (v_pitch bytes per channel row), and as many values as the kernel has parameters."""
+    0, then one launch of the exact-l build when the call wants the lse (else the plain one),
+    its struct's maps covering the workspace's q8, k8 (heads * 128 bytes per token) and v8t
+    (v_pitch bytes per channel row), every field named; run() returns the launch's record."""
     import threading
 
     from h3kernels._launch import varlen_attention_fp8_plan as P
@@ -472,21 +409,22 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
-    monkeypatch.setattr(hopper, "launch", lambda call, n, maps, values, variant: launched.append((n, maps, values)))
+    monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")
     q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
     out, lse = torch.zeros_like(q), torch.zeros(heads, cu[-1])
-    L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3, lse)
-    (n_tiles, maps, values), = launched
-    # a use_build change after the call resolved its build does not reach the launch
-    with hopper.use_build((("CONSUMERS", 3), ("O_IN_CORE", 2), ("S128", 0))):
-        assert L._build(3) == (hopper.build(), 192) and L._build(0) == (None, 128)
+    assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3, lse) == "rec"
+    L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3)
+    (n_tiles, build, v), (_, plain, without_lse) = launched
+    assert build == hopper.AttentionBuild(lse=True) and plain == hopper.AttentionBuild(lse=False)
     parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
-    assert n_tiles == len(tiles) == 10 and len(maps) + len(values) == len(hopper.PARAMS)
-    assert maps == ((base + parts["q8"][0], cu[-1], heads * 128, 128), (base + parts["k8"][0], cu[-1], heads * 128, 128),
-                    (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
-    assert values == (11, n_tiles, 12, base + parts["s_q"][0], base + parts["s_k"][0], base + parts["s_v"][0],
-                      out.data_ptr(), heads, 0.125 * L.LOG2E, lse.data_ptr(), q.data_ptr(), base + parts["mu"][0],
-                      cu[-1], 0.125, 14)
+    assert n_tiles == len(tiles) == 10 and v._fields == hopper.PARAMS.names
+    assert (v.map_q, v.map_k, v.map_v) == ((base + parts["q8"][0], cu[-1], heads * 128, 128),
+                                           (base + parts["k8"][0], cu[-1], heads * 128, 128),
+                                           (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
+    assert (v.tiles, v.n_tiles, v.block_offset, v.q_bounds) == (11, n_tiles, 12, 14)
+    assert (v.s_q, v.s_k, v.s_v, v.mu) == tuple(base + parts[n][0] for n in ("s_q", "s_k", "s_v", "mu"))
+    assert (v.out, v.q, v.lse, without_lse.lse) == (out.data_ptr(), q.data_ptr(), lse.data_ptr(), 0)
+    assert (v.heads, v.scale_log2, v.tokens, v.softmax_scale) == (heads, 0.125 * L.LOG2E, cu[-1], 0.125)
 
 
 @pytest.mark.gpu

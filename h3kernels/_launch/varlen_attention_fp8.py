@@ -6,7 +6,9 @@ kernel of cuda_src/varlen_attention_fp8.cu, with every constant of that source, 
 Workspace (h3kernels/_runtime/workspace.py): one grow-only buffer per (device, stream) holding
 q8, k8, v8t, s_q, s_k, mu, s_v and the passes' partial sums, plus that stream's uploaded plans.
 """
+import dataclasses
 import functools
+from typing import ClassVar
 
 import numpy as np
 
@@ -18,7 +20,11 @@ from h3kernels._runtime import compiler, workspace
 from h3kernels._runtime.arrays import data_ptr
 from h3kernels.constants import HEAD_DIM, K_BLOCK
 
-# cuda_src/varlen_attention_fp8.cu, built with exactly these (defines()):
+SOURCE = "varlen_attention_fp8"
+ARCHS = ("sm_120a", "sm_90", "sm_89")
+KERNEL = "h3_varlen_attention_fp8"
+
+# cuda_src/varlen_attention_fp8.cu, built with exactly these (AttentionBuild.defines()):
 BQ = plan.Q_TILE  # queries per work tile: 128
 BKV = 64  # keys per pipeline block; 64 rather than 128 keeps S at 32 registers
 KSB = K_BLOCK  # keys per K scale block: 128
@@ -27,7 +33,6 @@ STAGES = 4  # cp.async ring depth
 THREADS = 256  # 8 warps x 16 query rows
 TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
-DYNAMIC_SMEM = {"h3_varlen_attention_fp8": SMEM_BYTES}
 PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
           "u64", "u64", "u64", "i32", "f32", "u64")  # then lse (0: not wanted), q, mu, tokens, softmax_scale,
 # q_bounds (each segment's query rows; the plan's)
@@ -38,29 +43,42 @@ OWNER = "minimax_h3_varlen_attention_fp8"
 CAPTURE_ADVICE = "call it once with the same cu_seqlens_host on this stream before the capture"
 
 
-def defines(arch, form):
-    """The -D constants of cuda_src/varlen_attention_fp8.cu for `arch` and mma form `form`."""
-    # sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
-    # ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
-    # from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
-    # softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
-    registers_to_spare = int(arch != "sm_90")
-    return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, THREADS=THREADS, TILE_INTS=TILE_INTS,
-                Q_IN_REGS=registers_to_spare, SKIP_SETTLED_RESCALE=registers_to_spare, H3_MMA_FORM=form)
+@dataclasses.dataclass(frozen=True)
+class AttentionBuild:
+    """A build of cuda_src/varlen_attention_fp8.cu: the arch it is compiled for and its mma form."""
+    arch: str
+    form: int = 0
+    kernels: ClassVar[tuple] = (KERNEL,)
+
+    def defines(self):
+        # sm_90 runs each e4m3 mma as conversions to f16 plus two HMMAs; with Q held in registers
+        # ptxas keeps its converted copy live across the key loop and spills, so there Q is re-read
+        # from shared memory for every block. The warp-uniform skip of an O rescale by 1 (online
+        # softmax) also costs sm_90 the last registers it has, so there O is always rescaled.
+        registers_to_spare = int(self.arch != "sm_90")
+        return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, STAGES=STAGES, THREADS=THREADS, TILE_INTS=TILE_INTS,
+                    Q_IN_REGS=registers_to_spare, SKIP_SETTLED_RESCALE=registers_to_spare, H3_MMA_FORM=self.form)
+
+    def kernel_params(self, name):
+        return PARAMS
+
+    def dynamic_smem(self, name):
+        return SMEM_BYTES
 
 
-_kernels = compiler.cache({})  # (device id, form) -> (attention kernel, its grid cap)
+def shipped_builds(arch):
+    """The builds of this source that ship for `arch`: one per mma form of the arch."""
+    return tuple(AttentionBuild(arch, form) for form in compiler.MMA_FORMS[arch]) if arch in ARCHS else ()
 
 
-def attention_kernel(device_id, form):
-    k = _kernels.get((device_id, form))
-    if k is None:
-        from h3kernels._runtime.targets import device_arch
+def attention_build(device_id, form, lse):
+    """The build a call runs: the Hopper family's for form 3 (its exact-l build when the call wants
+    the lse), else this kernel's for the device's arch and `form`."""
+    if form == hopper.FORM:
+        return hopper.AttentionBuild(lse=lse)
+    from h3kernels._runtime.targets import device_arch
 
-        f = compiler.kernel("varlen_attention_fp8", "h3_varlen_attention_fp8", device_id,
-                            defines(device_arch(device_id), form), PARAMS, SMEM_BYTES)
-        k = _kernels[(device_id, form)] = (f, f.grid_cap(THREADS))
-    return k
+    return AttentionBuild(device_arch(device_id), form)
 
 
 @functools.lru_cache(maxsize=64)
@@ -162,15 +180,16 @@ def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v,
 def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
     """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream,
     and lse (f32 [heads, tokens]) <- the log-sum-exp of each row's true scores when given. The
-    call's device must be current."""
+    call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
     cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
         cu_stride, block_offset, blocks, base)
-    _attend(call, form, (cu_host, heads), lambda q_tile: plan.plan_arrays(cu_host, heads, q_tile), tokens, segments,
-            heads, passes, q, out, lse, None, None, scale)
+    return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
+                   lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
+                   scale)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -179,41 +198,30 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
     (the caller's f32 [segments, heads, 128] arrays: the whole segments' statistics), K scaled
     per 128-key block from each segment's first key in k. out and lse (f32 [heads, q tokens]) are
     written for the rows of segments that have keys here, and left as they are elsewhere. The
-    call's device must be current."""
+    call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), blocks, base)
-    _attend(call, form, ("cross", cu_q, cu_k, heads), lambda q_tile: plan.cross_plan_arrays(cu_q, cu_k, heads, q_tile),
-            max(tokens_q, tokens_k), segments, heads, passes, q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
+    return _attend(call, attention_build(call.device_id, form, lse is not None), ("cross", cu_q, cu_k, heads),
+                   lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
+                   q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
-def _build(form):
-    """(the Hopper build this call runs, or None for the mma.sync kernel; its queries per plan
-    tile), resolved once so that the plan, the Q box and the launch agree whatever use_build
-    does meanwhile."""
-    if form != hopper.FORM:
-        return None, BQ
-    variant = hopper.build()
-    return variant, hopper.q_tile(variant)
-
-
-def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
-    """What run and run_partial share, under the stream's workspace lock: the build (_build), the
-    plan make_plan(its queries per tile) gives (uploaded once per key and tile), the workspace laid
-    out for ws_tokens tokens, the passes `passes(n, block_offset, blocks, base)` gives, then the
-    attention kernel. mu and s_v: addresses, or None for the workspace's own (which the passes
-    fill)."""
-    variant, q_tile = _build(form)
-    if form != hopper.FORM:
-        f, max_ctas = attention_kernel(call.device_id, form)
+def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
+    """What run and run_partial share, under the stream's workspace lock: the plan make_plan()
+    gives (uploaded once per key), the workspace laid out for ws_tokens tokens, the passes
+    `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
+    AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
+    the workspace's own (which the passes fill). Returns the attention kernel's LaunchRecord."""
     ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
     capturing = call.capturing
     stream = call.stream_ptr
+    record = None
     with ws.lock:
         ws.wait(capturing)
-        dev_plan = ws.plan((*plan_key, q_tile), lambda: make_plan(q_tile), capturing)
+        dev_plan = ws.plan(plan_key, make_plan, capturing)
         tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
         n_tiles, _, n, _ = dev_plan.rows
         (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)
@@ -221,16 +229,24 @@ def _attend(call, form, plan_key, make_plan, ws_tokens, segments, heads, passes,
         if n_tiles:
             for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
                 kern.launch(stream, grid, threads, values)
-            tail = (base + o_sv if s_v is None else s_v, data_ptr(out), heads)
-            rest = (0 if lse is None else data_ptr(lse), data_ptr(q), base + o_mu if mu is None else mu,
-                    int(q.shape[0]), scale, q_bounds)
-            if form == hopper.FORM:  # K rows past the keys' tokens are masked, whatever they hold
-                maps = hopper.maps(base + o_q8, int(q.shape[0]), base + o_k8, ws_tokens, base + o_v8t, heads,
-                                   n * K_BLOCK, q_tile)
-                hopper.launch(call, n_tiles, maps, (tiles, n_tiles, block_offset, base + o_sq, base + o_sk, *tail,
-                                                    scale * LOG2E, *rest), variant)
+            s_v = base + o_sv if s_v is None else s_v
+            mu = base + o_mu if mu is None else mu
+            lse_ptr = 0 if lse is None else data_ptr(lse)
+            tokens = int(q.shape[0])
+            if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
+                map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
+                                                  n * K_BLOCK)
+                values = hopper.PARAMS(
+                    map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
+                    s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
+                    scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
+                    q_bounds=q_bounds)
+                record = hopper.launch(call, n_tiles, build, values)
             else:
-                f.launch(stream, (min(n_tiles, max_ctas), 1), THREADS,
-                         (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
-                          base + o_v8t, *tail, n * K_BLOCK, scale * LOG2E, *rest))
+                f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
+                record = f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
+                                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
+                                   base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
+                                   data_ptr(q), mu, tokens, scale, q_bounds))
         ws.record(capturing)
+    return record

@@ -1,13 +1,12 @@
 """The segment plan of minimax_h3_varlen_attention_fp8: its work tiles, longest segment first.
 
 A work tile is (segment start, segment length, first query of a 128-query tile, head, segment
-index; a measurement build of the Hopper kernel with three consumer warpgroups takes 192-query
-tiles). The index finds the segment's K scale blocks (block_offset), its V columns and s_v, and
+index). The index finds the segment's K scale blocks (block_offset), its V columns and s_v, and
 its query bound (q_bounds). With two segmentations (queries of one token range against the keys
 of another, the ring's step) the start and length are the keys' (cross_plan_arrays). The
 persistent attention kernel walks the rows in order, so the longest (most expensive) tiles go
 first and the short ones fill the tail. Built on the host from cu_seqlens (no device sync when
-the caller passes cu_seqlens_host) and cached per (cu_seqlens content, heads, tile, device).
+the caller passes cu_seqlens_host) and cached per (cu_seqlens content, heads, device).
 """
 import functools
 
@@ -35,7 +34,7 @@ def _blocks(cu):
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_host(cu, heads, q_tile=Q_TILE):
+def _plan_host(cu, heads):
     cu_arr = np.asarray(cu, dtype=np.int64)
     starts, lens = cu_arr[:-1], np.diff(cu_arr)
     order = np.argsort(-lens, kind="stable")  # longest first; equal lengths keep their order
@@ -44,7 +43,7 @@ def _plan_host(cu, heads, q_tile=Q_TILE):
         # query tiles fastest: the CTAs in flight read the K and V of one (segment, head) from L2,
         # instead of those of up to 132 heads from memory
         for h in range(heads):
-            for q0 in range(0, int(lens[s]), q_tile):
+            for q0 in range(0, int(lens[s]), Q_TILE):
                 rows.append((starts[s], lens[s], starts[s] + q0, h, s))
     tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
     return tiles, _blocks(cu)[0]
@@ -60,16 +59,16 @@ def key_blocks(cu_seqlens_host):
     return _blocks(tuple(int(c) for c in cu_seqlens_host))[1]
 
 
-def plan_arrays(cu, heads, q_tile=Q_TILE):
+def plan_arrays(cu, heads):
     """(tiles, block_offset, blocks, q_bounds) for a tuple of ints cu: what the attention
-    uploads, its tiles of q_tile queries. q_bounds (int32 [segments + 1]) is cu: each segment's
+    uploads. q_bounds (int32 [segments + 1]) is cu: each segment's
     queries are its keys."""
-    tiles, block_offset = _plan_host(cu, heads, q_tile)
+    tiles, block_offset = _plan_host(cu, heads)
     return tiles, block_offset, _blocks(cu)[1], np.asarray(cu, dtype=np.int32)
 
 
 @functools.lru_cache(maxsize=256)
-def _cross_plan_host(cu_q, cu_k, heads, q_tile=Q_TILE):
+def _cross_plan_host(cu_q, cu_k, heads):
     lens_k = np.diff(np.asarray(cu_k, dtype=np.int64))
     lens_q = np.diff(np.asarray(cu_q, dtype=np.int64))
     order = np.argsort(-lens_k, kind="stable")  # a tile's cost grows with its keys
@@ -78,14 +77,14 @@ def _cross_plan_host(cu_q, cu_k, heads, q_tile=Q_TILE):
         if lens_k[s] == 0:
             continue
         for h in range(heads):
-            for q0 in range(0, int(lens_q[s]), q_tile):
+            for q0 in range(0, int(lens_q[s]), Q_TILE):
                 rows.append((cu_k[s], lens_k[s], cu_q[s] + q0, h, s))
     return np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
 
 
-def cross_plan_arrays(cu_q, cu_k, heads, q_tile=Q_TILE):
+def cross_plan_arrays(cu_q, cu_k, heads):
     """The plan of queries in segments cu_q against keys in segments cu_k (two tuples of ints,
     one segment count): tiles (key start, key count, first query, head, segment) for the
     segments that have both, the key blocks of cu_k, and q_bounds = cu_q."""
     block_offset, blocks = _blocks(cu_k)
-    return _cross_plan_host(cu_q, cu_k, heads, q_tile), block_offset, blocks, np.asarray(cu_q, dtype=np.int32)
+    return _cross_plan_host(cu_q, cu_k, heads), block_offset, blocks, np.asarray(cu_q, dtype=np.int32)

@@ -142,46 +142,39 @@ def attention_quant_least_bytes(lens, heads):
     return 3 * 3 * sum(lens) * heads * HEAD_DIM
 
 
-def attention_kernel_alone(call):
-    """Runs call() (one call of minimax_h3_varlen_attention_fp8) with the attention kernel's launch
-    recorded, whichever family launches it, and returns a function that launches that kernel
-    alone again on the same arguments (the workspace stays as the call left it: the quantization
-    passes are not rerun)."""
+def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
+    """Runs one call of minimax_h3_varlen_attention_fp8 (torch CUDA tensors q, k, v, cu_seqlens
+    and its host copy; fp8_mma_form `form`) through the launch layer and returns a function that
+    launches the attention kernel alone again on the same arguments (its LaunchRecord's replay;
+    the workspace stays as the call left it: the quantization passes are not rerun)."""
     import torch
 
-    from h3kernels._launch import varlen_attention_fp8 as mma_sync
-    from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+    from h3kernels._launch import varlen_attention_fp8 as launch
+    from h3kernels._runtime import arrays, targets
+    from h3kernels.varlen_attention_fp8 import check_call
 
-    got = {}
-    hopper_launch, mma_sync_kernel = hopper.launch, mma_sync.attention_kernel
-
-    def record_hopper(launch_call, n_tiles, maps, values, variant=None):
-        variant = hopper.build(variant)  # the replay keeps the build of the recorded call
-        got["fn"] = lambda: hopper_launch(launch_call, n_tiles, maps, values, variant)
-        return hopper_launch(launch_call, n_tiles, maps, values, variant)
-
-    class Recorder:
-        def __init__(self, f):
-            self.f = f
-
-        def launch(self, *a):
-            got["fn"] = lambda: self.f.launch(*a)
-            return self.f.launch(*a)
-
-    def record_mma_sync(device_id, form):
-        f, cap = mma_sync_kernel(device_id, form)
-        return Recorder(f), cap
-
-    hopper.launch, mma_sync.attention_kernel = record_hopper, record_mma_sync
+    tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, None, cu_seqlens_host, None, form)
+    call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
+    out = call.empty((tokens, heads, HEAD_DIM), arrays.BF16)
+    previous = call.make_current()
     try:
-        call()
+        record = launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out,
+                            targets.attention_mma_form(call.device_id, form))
     finally:
-        hopper.launch, mma_sync.attention_kernel = hopper_launch, mma_sync_kernel
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    if "fn" not in got:
+        arrays.restore(previous)
+    torch.cuda.synchronize()
+    if record is None:
         raise RuntimeError("the call launched no attention kernel (an empty plan?)")
-    return got["fn"]
+
+    def replay():
+        previous = call.make_current()
+        try:
+            return record.replay()
+        finally:
+            arrays.restore(previous)
+
+    replay.arrays = (q, out)  # the record holds their addresses: they live as long as the replay
+    return replay
 
 
 def occupy_gpu(ms):

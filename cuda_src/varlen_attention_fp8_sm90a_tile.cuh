@@ -1,0 +1,20 @@
+// What a consumer thread of varlen_attention_fp8_sm90a.cu knows of its work tile and carries
+// through the tile's keys.
+#pragma once
+#include "varlen_attention_fp8_sm90a_layout.cuh"
+
+struct Tile {
+  int len;          // the segment's keys
+  int h, seg;
+  int end;          // the segment's query rows end here: rows at or past it are not written
+  int n_stages;     // 128-key stages
+  int row0, row1;   // this lane's two query rows (row1 = row0 + 8)
+  float c0, c1;     // softmax_scale log2(e) s_q of each row (0 past the segment: S = 0 there)
+  const float* sk;  // s_k of the tile's head in the segment's first key block, one block per `heads`
+};
+
+// A lane's two rows pass between the tile's parts as separate values: O (o[64]: row0 / row1,
+// channel 8 (i / 4) + 2t + i % 2, the wgmma fragment layout), the running maxima m0 / m1 in log2
+// units, l0 / l1 the FP32 sums of the unrounded P (this lane's share) and lt0 / lt1 the tensor
+// core's sums of the rounded P (the whole row in each lane). (Gathered in a struct, they cost the
+// loop instructions and the exact-l build a spill.)
