@@ -66,14 +66,14 @@ def test_torch_compile_fullgraph_matches_eager(seed, mlp_form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mlp_form", [-1, 3])
+@pytest.mark.parametrize("mlp_form", [0, 3])
 def test_cuda_graph_replay_matches_eager(seed, mlp_form, require_mlp_form):
     require_mlp_form(mlp_form)
     mlp_in = mlp_args(129, 8, seed)
     att_in = attention_args([1, 127, 129, 0, 300], 8, "cuda", seed)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up on the capturing stream: plan upload, workspace, modules
+    with torch.cuda.stream(s):  # warm-up: the segment plan, the modules
         want = block(mlp_in, att_in, mlp_form)
     s.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -100,7 +100,7 @@ def test_capture_without_warm_up_is_refused_clearly(seed):
     att_in = attention_args([333, 5], 2, "cuda", seed)
     s = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="call it once with the same cu_seqlens_host on this stream"):
+    with pytest.raises(RuntimeError, match="call it once with the same cu_seqlens_host before the capture"):
         with torch.cuda.graph(graph, stream=s):
             torch_ops.minimax_h3_varlen_attention_fp8(*att_in[:4], att_in[4])
 

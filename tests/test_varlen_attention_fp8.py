@@ -415,25 +415,19 @@ def test_mma_sync_builds_are_values_one_per_form_of_the_arch():
 
 
 def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
-    """Form 0 through the launch layer with a stand-in workspace: the call's build through the one
+    """Form 0 through the launch layer with stand-in scratch: the call's build through the one
     loader, a grid of at most the kernel's cap, the parameters in the kernel's order; run()
     returns the launch's record, None when the plan has no tiles."""
-    import threading
-
     from h3kernels._runtime import compiler, targets
 
     cu, heads, base = (0, 300, 300, 429), 2, 1 << 30
     tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
 
     class Plan:
-        ptrs = (11, 12, 13, 14)
         rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
 
-    class Ws:
-        lock = threading.Lock()
-        wait = record = lambda self, capturing: None
-        plan = lambda self, key, make, capturing: Plan()  # noqa: E731
-        reserve = lambda self, nbytes, capturing, plan: base  # noqa: E731
+    class Plans:
+        get = lambda self, key, make, capturing, advice: Plan()  # noqa: E731
 
     class Kernel:
         def grid_cap(self, threads):
@@ -447,7 +441,8 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
     launched, loaded = [], []
-    monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
+    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
+    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes, plan: (None, base, (11, 12, 13, 14)))
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_120a")
     monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
@@ -835,11 +830,7 @@ def test_two_streams_at_once_match_serial_runs(seed):
     torch.cuda.synchronize()
     for out, want in zip(outs, serial):
         assert same_bits(out, want)
-    dev = torch.cuda.current_device()
-    held = {key: ws.nbytes for key, ws in workspace._workspaces.items() if key[0] == dev}
-    for s in streams:
-        assert held.get((dev, s.cuda_stream), 0) > 0  # one buffer per stream
-    assert h3kernels.workspace_bytes(dev) == sum(held.values()) == h3kernels.workspace_bytes(f"cuda:{dev}")
+    assert h3kernels.workspace_bytes() == 0  # each call's scratch went back to torch's allocator
 
 
 def _device_cu(values):

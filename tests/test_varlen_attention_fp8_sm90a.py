@@ -369,12 +369,10 @@ def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
 
 
 def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch):
-    """Form 3 through the launch layer with a stand-in workspace: the same passes and plan as form
+    """Form 3 through the launch layer with stand-in scratch: the same passes and plan as form
     0, then one launch of the exact-l build when the call wants the lse (else the plain one),
     its struct's maps covering the workspace's q8, k8 (heads * 128 bytes per token) and v8t
     (v_pitch bytes per channel row), every field named; run() returns the launch's record."""
-    import threading
-
     from h3kernels._launch import varlen_attention_fp8_plan as P
     from h3kernels._runtime import workspace
     from h3kernels.constants import HEAD_DIM, K_BLOCK
@@ -384,29 +382,18 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     base = 1 << 30
 
     class Plan:
-        ptrs = (11, 12, 13, 14)
         rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
 
-    class Ws:
-        lock = threading.Lock()
-
-        def wait(self, capturing):
-            pass
-
-        def plan(self, key, make, capturing):
+    class Plans:
+        def get(self, key, make, capturing, advice):
             return Plan()
-
-        def reserve(self, nbytes, capturing, plan):
-            return base
-
-        def record(self, capturing):
-            pass
 
     class Call:
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
     launched = []
-    monkeypatch.setattr(workspace, "for_stream", lambda *a: Ws())
+    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
+    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes, plan: (None, base, (11, 12, 13, 14)))
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
     monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")

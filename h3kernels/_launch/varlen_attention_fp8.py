@@ -1,10 +1,12 @@
 """The launches of minimax_h3_varlen_attention_fp8: the quantization passes (Numba,
-h3kernels/_launch/numba/varlen_attention_fp8_quant.py) into the stream's workspace, then the
-kernel of cuda_src/varlen_attention_fp8.cu, with every constant of that source, or for mma form
-3 the Hopper kernel of cuda_src/varlen_attention_fp8_sm90a.cu (varlen_attention_fp8_sm90a.py).
+h3kernels/_launch/numba/varlen_attention_fp8_quant.py) into the call's scratch, then the kernel
+of cuda_src/varlen_attention_fp8.cu, with every constant of that source, or for the wgmma
+family (form 3) the Hopper kernel of cuda_src/varlen_attention_fp8_sm90a.cu
+(varlen_attention_fp8_sm90a.py).
 
-Workspace (h3kernels/_runtime/workspace.py): one grow-only buffer per (device, stream) holding
-q8, k8, v8t, s_q, s_k, mu, s_v and the passes' partial sums, plus that stream's uploaded plans.
+Scratch (h3kernels/_runtime/workspace.py): one buffer per call from the caller's allocator on
+its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums, and
+the call's segment plan copied in from pinned host memory.
 """
 import dataclasses
 import functools
@@ -16,7 +18,7 @@ from h3kernels._launch import numba_ptx
 from h3kernels._launch import varlen_attention_fp8_plan as plan
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels._launch.numba import geometry as G
-from h3kernels._runtime import compiler, workspace
+from h3kernels._runtime import compiler, targets, workspace
 from h3kernels._runtime.arrays import data_ptr
 from h3kernels.constants import HEAD_DIM, K_BLOCK
 
@@ -39,8 +41,8 @@ PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", 
 
 LOG2E = 1.4426950408889634
 ALIGN = 256
-OWNER = "minimax_h3_varlen_attention_fp8"
-CAPTURE_ADVICE = "call it once with the same cu_seqlens_host on this stream before the capture"
+CAPTURE_ADVICE = ("minimax_h3_varlen_attention_fp8: this stream is capturing a CUDA graph, and the call would build "
+                  "a new segment plan; call it once with the same cu_seqlens_host before the capture")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +76,9 @@ def shipped_builds(arch):
 def attention_build(device_id, form, lse):
     """The build a call runs: the Hopper family's for form 3 (its exact-l build when the call wants
     the lse), else this kernel's for the device's arch and `form`."""
-    if form == hopper.FORM:
+    if targets.form_family(form) == targets.WGMMA:
         return hopper.AttentionBuild(lse=lse)
-    from h3kernels._runtime.targets import device_arch
-
-    return AttentionBuild(device_arch(device_id), form)
+    return AttentionBuild(targets.device_arch(device_id), form)
 
 
 @functools.lru_cache(maxsize=64)
@@ -177,10 +177,11 @@ def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v,
     return out
 
 
-def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
+def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, keep=None):
     """out <- attention of q, k, v over the segments of cu_host (a tuple), on the call's stream,
     and lse (f32 [heads, tokens]) <- the log-sum-exp of each row's true scores when given. The
-    call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
+    call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles);
+    keep (a list), when given, receives the call's scratch, which a replay of the record reads."""
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
     cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
@@ -189,7 +190,7 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None):
         cu_stride, block_offset, blocks, base)
     return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
                    lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
-                   scale)
+                   scale, keep)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -209,44 +210,40 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
                    q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
 
 
-def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale):
-    """What run and run_partial share, under the stream's workspace lock: the plan make_plan()
-    gives (uploaded once per key), the workspace laid out for ws_tokens tokens, the passes
+def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale,
+            keep=None):
+    """What run and run_partial share: the plan make_plan() gives (built once per key on the
+    host), the call's scratch laid out for ws_tokens tokens with the plan copied in, the passes
     `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
     AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
-    the workspace's own (which the passes fill). Returns the attention kernel's LaunchRecord."""
-    ws = workspace.for_stream(call.device_id, call.stream_ptr, OWNER, CAPTURE_ADVICE)
-    capturing = call.capturing
+    the scratch's own (which the passes fill). Returns the attention kernel's LaunchRecord; the
+    scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
+    host_plan = workspace.plans(call.device_id).get(plan_key, make_plan, call.capturing, CAPTURE_ADVICE)
+    n_tiles, _, n, _ = host_plan.rows
+    if not n_tiles:
+        return None
     stream = call.stream_ptr
-    record = None
-    with ws.lock:
-        ws.wait(capturing)
-        dev_plan = ws.plan(plan_key, make_plan, capturing)
-        tiles, block_offset, blocks, q_bounds = dev_plan.ptrs
-        n_tiles, _, n, _ = dev_plan.rows
-        (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)
-        base = ws.reserve(nbytes, capturing, dev_plan)
-        if n_tiles:
-            for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
-                kern.launch(stream, grid, threads, values)
-            s_v = base + o_sv if s_v is None else s_v
-            mu = base + o_mu if mu is None else mu
-            lse_ptr = 0 if lse is None else data_ptr(lse)
-            tokens = int(q.shape[0])
-            if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
-                map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
-                                                  n * K_BLOCK)
-                values = hopper.PARAMS(
-                    map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
-                    s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
-                    scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
-                    q_bounds=q_bounds)
-                record = hopper.launch(call, n_tiles, build, values)
-            else:
-                f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
-                record = f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
-                                  (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
-                                   base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
-                                   data_ptr(q), mu, tokens, scale, q_bounds))
-        ws.record(capturing)
-    return record
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)
+    held, base, (tiles, block_offset, blocks, q_bounds) = workspace.scratch(call, nbytes, host_plan)
+    if keep is not None:
+        keep.append(held)
+    for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
+        kern.launch(stream, grid, threads, values)
+    s_v = base + o_sv if s_v is None else s_v
+    mu = base + o_mu if mu is None else mu
+    lse_ptr = 0 if lse is None else data_ptr(lse)
+    tokens = int(q.shape[0])
+    if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
+        map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
+                                          n * K_BLOCK)
+        values = hopper.PARAMS(
+            map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
+            s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
+            scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
+            q_bounds=q_bounds)
+        return hopper.launch(call, n_tiles, build, values)
+    f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
+    return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
+                    (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
+                     base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
+                     data_ptr(q), mu, tokens, scale, q_bounds))

@@ -146,7 +146,8 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
     """Runs one call of minimax_h3_varlen_attention_fp8 (torch CUDA tensors q, k, v, cu_seqlens
     and its host copy; fp8_mma_form `form`) through the launch layer and returns a function that
     launches the attention kernel alone again on the same arguments (its LaunchRecord's replay;
-    the workspace stays as the call left it: the quantization passes are not rerun)."""
+    the scratch stays as the call left it, held by the function: the quantization passes are not
+    rerun)."""
     import torch
 
     from h3kernels._launch import varlen_attention_fp8 as launch
@@ -157,9 +158,10 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
     out = call.empty((tokens, heads, HEAD_DIM), arrays.BF16)
     previous = call.make_current()
+    scratch = []
     try:
         record = launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out,
-                            targets.attention_mma_form(call.device_id, form))
+                            targets.operator_form(call.device_id, form), keep=scratch)
     finally:
         arrays.restore(previous)
     torch.cuda.synchronize()
@@ -173,7 +175,7 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
         finally:
             arrays.restore(previous)
 
-    replay.arrays = (q, out)  # the record holds their addresses: they live as long as the replay
+    replay.arrays = (q, out, *scratch)  # the record holds their addresses: they live as long as the replay
     return replay
 
 
