@@ -3,7 +3,7 @@ scheduler (SM sub-partition) spends per warp instruction, with two warps per sch
 attention kernel's consumer warpgroups, and for pairs or groups run side by side (a group costs
 the larger of its parts when they use different pipes, their sum when they share one).
 
-python lab/sm90_pipe_rates.py   (docs/kernels/attention_sm90_decisions.md has the H200's figures)"""
+python lab/sm90_pipe_rates.py   (docs/kernels/attention_sm90.md ("Decisions") has the H200's figures)"""
 import cupy as cp
 import numpy as np
 
