@@ -64,7 +64,7 @@ def sass(path):
         if m:
             cur = out.setdefault(m.group(1), [])
             continue
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", line)
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
         if m and cur is not None:
             cur.append(m.group(1))
     return out
