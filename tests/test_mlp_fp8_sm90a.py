@@ -201,7 +201,8 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
             return launcher.LaunchRecord(self, stream_ptr, grid, block, values)
 
     monkeypatch.setattr(hopper, "kernel", lambda device_id, name, build: Kernel(name, build))
-    monkeypatch.setattr(hopper, "tensor_map", lambda address, rows, pitch, box_rows, row_bytes: (address, rows, box_rows))
+    monkeypatch.setattr(hopper, "tensor_map",
+                        lambda address, rows, pitch, box_rows, row_bytes: (address, rows, box_rows))
     monkeypatch.setattr(hopper, "strides_elems", lambda t: t.stride())
     monkeypatch.setattr(hopper, "data_ptr", lambda t: t.data_ptr())
     call = FakeCall()

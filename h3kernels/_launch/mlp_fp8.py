@@ -67,8 +67,15 @@ def shipped_builds(arch):
 
 
 def kernel(device_id, name, form):
-    arch = device_arch(device_id)
-    return compiler.kernel(SOURCE, name, arch, MmaMlpBuild(arch, form), device_id)
+    """GEMM `name` built for the device's arch and mma form `form` (loaded once)."""
+    k = _kernels.get((device_id, name, form))
+    if k is None:
+        arch = device_arch(device_id)
+        k = _kernels[(device_id, name, form)] = compiler.kernel(SOURCE, name, arch, MmaMlpBuild(arch, form), device_id)
+    return k
+
+
+_kernels = compiler.cache({})  # (device id, kernel, form) -> launcher.Kernel: one dict lookup per launch
 
 
 ALIGN = 256
