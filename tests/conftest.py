@@ -27,13 +27,6 @@ if not HAS_GPU:
     # Without a GPU the Numba kernels run in the simulator. Set before numba is imported.
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-# $H3KERNELS_MLP_SM90A_DEFINES ("BK=64 PROMOTE_K=64 STAGES=9"): the MLP's wgmma family built with
-# these launch constants in place of h3kernels/_launch/mlp_fp8_sm90a.py's, so that the suite can
-# judge a candidate build before it becomes the default.
-from h3kernels._launch import mlp_fp8_sm90a  # noqa: E402
-
-mlp_fp8_sm90a.set_constants_from_env()
-
 SEED_ENV = "H3KERNELS_TEST_SEED"
 SEED_BASE = os.environ.get(SEED_ENV, "")
 if SEED_BASE == "random":

@@ -1,18 +1,25 @@
 """The launches of minimax_h3_mlp_fp8: the row kernel (Numba, h3kernels/_launch/numba/mlp_fp8_row.py)
 and the FC1 and FC2 GEMMs of cuda_src/mlp_fp8.cu, with every constant of that source.
 
-All three go through launcher.Kernel on the caller's stream; a caller opens an arrays.Call and
-makes its device current first (h3kernels/mlp_fp8.py does both).
+All three go through launcher.Kernel on the caller's stream, and each launch function returns
+the LaunchRecord(s) of its launches; a caller opens an arrays.Call and makes its device current
+first (h3kernels/mlp_fp8.py does both). A build of the GEMMs is a value, MmaMlpBuild(arch, form).
 """
+import dataclasses
 import functools
+from typing import ClassVar
 
 from h3kernels._launch import mlp_fp8_sm90a, numba_ptx
 from h3kernels._runtime import compiler
 from h3kernels._runtime.arrays import data_ptr, strides_elems
-from h3kernels._runtime.targets import sm_count
+from h3kernels._runtime.targets import MMA_FORMS, device_arch, sm_count
 from h3kernels.constants import FC1_OUT, FC2_FLAG_COLS, FC2_FLAG_ROWS, FFN, HIDDEN, ROW_THREADS, fc2_flag_count
 
-# cuda_src/mlp_fp8.cu, built with exactly these (defines()):
+SOURCE = "mlp_fp8"
+ARCHS = ("sm_120a", "sm_90", "sm_89")
+FC1, FC2 = "h3_mlp_fc1", "h3_mlp_fc2"
+
+# cuda_src/mlp_fp8.cu, built with exactly these (MmaMlpBuild.defines()):
 BM = FC2_FLAG_ROWS  # rows of an output tile (and of an FC2 ready flag's row band): 128
 BN = 128  # columns of an output tile (FC1: prepacked, 64 logical y columns)
 BK = 128  # bytes of K per pipeline stage
@@ -23,36 +30,52 @@ PRODUCERS = 64  # FC2: 2 more warps that quantize y beside the GEMM warps
 CHUNK_COLS = FC2_FLAG_COLS  # FC2: y columns per ready flag: 1024
 GROUP_ROWS = 16  # FC2: rows of y one producer claim quantizes
 SMEM_BYTES = STAGES * (BM + BN) * BK  # dynamic shared memory of both GEMMs: 96 KiB
-DYNAMIC_SMEM = {"h3_mlp_fc1": SMEM_BYTES, "h3_mlp_fc2": SMEM_BYTES}
 
-FC1_PARAMS = ("u64",) * 5 + ("i32",)  # a_q, a_scale, w1_q, w1_scale, y, M
-FC2_PARAMS = ("u64",) * 6 + ("i64", "i64") + ("u64",) * 4 + ("i32",)
+# the kernels' positional parameters (launcher formats)
+_PARAMS = {FC1: ("u64",) * 5 + ("i32",),  # a_q, a_scale, w1_q, w1_scale, y, M
+           # y, y_q, y_scale, w2_q, w2_scale, gate, its stride and rows, adaln_index, residual, out, flags, M
+           FC2: ("u64",) * 6 + ("i64", "i64") + ("u64",) * 4 + ("i32",)}
 ROW_QUADS = HIDDEN // 4
 
 
-def defines(arch, form):
-    """The -D constants of cuda_src/mlp_fp8.cu for `arch` and mma form `form`."""
-    # sm_90 emulates each e4m3 mma with conversions and HMMAs: there FC1 fits two k32 steps of a
-    # stage in registers and FC2 (fewer registers per thread, for its producer warps) one.
-    sm90 = arch == "sm_90"
-    return dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, THREADS=THREADS, GROUP_M=GROUP_M, PRODUCERS=PRODUCERS,
-                CHUNK_COLS=CHUNK_COLS, GROUP_ROWS=GROUP_ROWS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT,
-                KS_STEP_FC1=2 if sm90 else 4, KS_STEP_FC2=1 if sm90 else 4, H3_MMA_FORM=form)
+@dataclasses.dataclass(frozen=True)
+class MmaMlpBuild:
+    """A build of cuda_src/mlp_fp8.cu: the arch and the mma form (fp8_common.cuh's H3_MMA_FORM)."""
+    arch: str
+    form: int = 0
+
+    kernels: ClassVar[tuple] = (FC1, FC2)
+
+    def defines(self):
+        # sm_90 emulates each e4m3 mma with conversions and HMMAs: there FC1 fits two k32 steps of a
+        # stage in registers and FC2 (fewer registers per thread, for its producer warps) one.
+        sm90 = self.arch == "sm_90"
+        return dict(BM=BM, BN=BN, BK=BK, STAGES=STAGES, THREADS=THREADS, GROUP_M=GROUP_M, PRODUCERS=PRODUCERS,
+                    CHUNK_COLS=CHUNK_COLS, GROUP_ROWS=GROUP_ROWS, HIDDEN=HIDDEN, FFN=FFN, FC1_OUT=FC1_OUT,
+                    KS_STEP_FC1=2 if sm90 else 4, KS_STEP_FC2=1 if sm90 else 4, H3_MMA_FORM=self.form)
+
+    def kernel_params(self, name):
+        return _PARAMS[name]
+
+    def dynamic_smem(self, name):
+        return SMEM_BYTES
 
 
-_gemms = compiler.cache({})  # (device id, form) -> (fc1, fc2, CTAs of a persistent grid)
+def shipped_builds(arch):
+    """The builds of this source that ship for `arch`: one per mma form of the arch."""
+    return tuple(MmaMlpBuild(arch, form) for form in MMA_FORMS.get(arch, ()))
 
 
-def gemms(device_id, form):
-    g = _gemms.get((device_id, form))
-    if g is None:
-        from h3kernels._runtime.targets import device_arch
+def kernel(device_id, name, form):
+    """GEMM `name` built for the device's arch and mma form `form` (loaded once)."""
+    k = _kernels.get((device_id, name, form))
+    if k is None:
+        arch = device_arch(device_id)
+        k = _kernels[(device_id, name, form)] = compiler.kernel(SOURCE, name, arch, MmaMlpBuild(arch, form), device_id)
+    return k
 
-        d = defines(device_arch(device_id), form)
-        fc1 = compiler.kernel("mlp_fp8", "h3_mlp_fc1", device_id, d, FC1_PARAMS, SMEM_BYTES)
-        fc2 = compiler.kernel("mlp_fp8", "h3_mlp_fc2", device_id, d, FC2_PARAMS, SMEM_BYTES)
-        g = _gemms[(device_id, form)] = (fc1, fc2, sm_count(device_id))
-    return g
+
+_kernels = compiler.cache({})  # (device id, kernel, form) -> launcher.Kernel: one dict lookup per launch
 
 
 ALIGN = 256
@@ -96,15 +119,19 @@ def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, a
 
 
 def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
-    """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row."""
+    """a_q, a_scale (addresses) <- the row stage of x, on the call's stream: one CTA per row.
+    Returns the LaunchRecord (None where M is 0)."""
     m = x.shape[0]
     if m:
-        launch_row_at(call, m, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale))
+        return launch_row_at(call, m, row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q,
+                                                 a_scale))
+    return None
 
 
 def launch_row_at(call, m, values):
-    """launch_row with the kernel's parameters given (row_values_at; M >= 1): one CTA per row."""
-    numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (m, 1), ROW_THREADS, values)
+    """launch_row with the kernel's parameters given (row_values_at; M >= 1): one CTA per row.
+    Returns the LaunchRecord."""
+    return numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (m, 1), ROW_THREADS, values)
 
 
 def zero_flags(call, m, flags):
@@ -116,12 +143,12 @@ def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y, split=None):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most).
     Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a), the last wave's
     tiles split over K in `split` (its workspace, mlp_fp8_sm90a.plan), or in one of the launch's
-    own where it is None."""
+    own where it is None. Returns the LaunchRecord."""
     if form == mlp_fp8_sm90a.FORM:
         return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=split)
-    fc1, _, sms = gemms(call.device_id, form)
-    fc1.launch(call.stream_ptr, (min(-(-m // BM) * (FC1_OUT // BN), sms), 1), THREADS,
-               (a_q, a_scale, w1_q, w1_scale, y, m))
+    ctas = min(-(-m // BM) * (FC1_OUT // BN), sm_count(call.device_id))
+    return kernel(call.device_id, FC1, form).launch(call.stream_ptr, (ctas, 1), THREADS,
+                                                    (a_q, a_scale, w1_q, w1_scale, y, m))
 
 
 def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, flags,
@@ -129,11 +156,12 @@ def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index
     """out <- residual + gate * FC2(quantize(y)) on the call's stream; flags must be zero. gate is
     the table (its row stride and rows are parameters); the rest are addresses. Form 3 runs the
     wgmma family (mlp_fp8_sm90a: a y quantization kernel, then the GEMM; flags unused; split as
-    in launch_fc1)."""
+    in launch_fc1). Returns the LaunchRecord(s): form 3's are (quantization, GEMM)."""
     if form == mlp_fp8_sm90a.FORM:
         return mlp_fp8_sm90a.launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out,
                                         split=split)
-    _, fc2, sms = gemms(call.device_id, form)
-    fc2.launch(call.stream_ptr, (min(-(-m // BM) * (HIDDEN // BN), sms), 1), THREADS + PRODUCERS,
-               (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0],
-                adaln_index, residual, out, flags, m))
+    ctas = min(-(-m // BM) * (HIDDEN // BN), sm_count(call.device_id))
+    return kernel(call.device_id, FC2, form).launch(
+        call.stream_ptr, (ctas, 1), THREADS + PRODUCERS,
+        (y, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0], gate.shape[0], adaln_index,
+         residual, out, flags, m))
