@@ -16,6 +16,11 @@ struct __align__(64) TmaMap {
   u64 bytes[16];
 };
 
+// The kernels' parameter structs are mirrored field by field in Python (launcher.ParamStruct),
+// whose static_asserts of every offset a test compiles. NVRTC has no <cstddef>, nor
+// __builtin_offsetof; the front end's own address-to-integer form is a constant expression.
+#define offsetof(T, m) ((unsigned long long)__INTADDR__(&(((T*)0)->m)))
+
 // --- mbarrier ------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");

@@ -3,8 +3,35 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_tile.cuh"
 
+// A warp's 16 staged rows to out, whole 256-byte rows, 16 bytes a lane; VEC: out is 16-byte
+// aligned (its pitch is a multiple of 256 bytes, so every row is), else 4-byte stores (out is
+// 4-byte aligned, as write_rows' stores need). Two instantiations, so that the test of out's
+// alignment is taken once, not in every row's store.
+template <bool VEC>
+__device__ __forceinline__ void store_staged_rows(const u8* stage, u16* out, int first, int end, int h, i64 pitch,
+                                                  int lane) {
+  const int c = lane & 15;  // the lane's 16-byte column
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = 2 * i + (lane >> 4);
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kOutPitch + 16 * c);
+    if (first + r < end) {
+      u16* dst = out + (i64)(first + r) * pitch + h * HD + 8 * c;
+      if constexpr (VEC) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        u32* d = reinterpret_cast<u32*>(dst);
+        d[0] = v.x;
+        d[1] = v.y;
+        d[2] = v.z;
+        d[3] = v.w;
+      }
+    }
+  }
+}
+
 // epilogue_rows' arithmetic, but a warp's words of its 16 rows go into `stage` (its
-// kOutWarpBytes of shared memory) and leave as whole 256-byte rows, 16 bytes a lane, where the
+// kOutWarpBytes of shared memory) and leave as whole rows (store_staged_rows), where the
 // fragment's own stores put 8 rows in every warp instruction (8 store wavefronts each: at 8
 // stages a tile the stores were the epilogue's cost). The lse's reads of q all come before the
 // warp's first store to out, which may alias q.
@@ -22,25 +49,11 @@ __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int 
                             *reinterpret_cast<u32*>(lane_stage + half * 8 * kOutPitch + 16 * ct) = word;
                           });
   __syncwarp();
-  const int first = row0 - g, c = lane & 15;  // the warp's first row; the lane's 16-byte column
-  const bool vec = (reinterpret_cast<unsigned long long>(out) & 15) == 0;  // pitch * 2 bytes: a multiple of 256
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = 2 * i + (lane >> 4);
-    const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kOutPitch + 16 * c);
-    if (first + r < end) {
-      u16* dst = out + (i64)(first + r) * pitch + h * HD + 8 * c;
-      if (vec) {
-        *reinterpret_cast<uint4*>(dst) = v;
-      } else {
-        u32* d = reinterpret_cast<u32*>(dst);  // 4-byte aligned, as write_rows' stores
-        d[0] = v.x;
-        d[1] = v.y;
-        d[2] = v.z;
-        d[3] = v.w;
-      }
-    }
-  }
+  const int first = row0 - g;  // the warp's first row
+  if ((reinterpret_cast<unsigned long long>(out) & 15) == 0)
+    store_staged_rows<true>(stage, out, first, end, h, pitch, lane);
+  else
+    store_staged_rows<false>(stage, out, first, end, h, pitch, lane);
   __syncwarp();  // the warp's next epilogue writes the stage again
 }
 

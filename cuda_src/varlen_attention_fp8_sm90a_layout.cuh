@@ -35,10 +35,6 @@ static_assert(H3_MMA_FORM == 0, "the one-block S path uses the legacy e4m3 mma.s
 static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "setmaxnreg within the SM's registers");
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
 
-// NVRTC has no <cstddef>, nor __builtin_offsetof; the front end's own address-to-integer form is
-// a constant expression, as the static_asserts of the parameter mirror's test need.
-#define offsetof(T, m) ((unsigned long long)__INTADDR__(&(((T*)0)->m)))
-
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
 // parameters in its order less q8, k8, v8t and v_pitch (which the maps carry). lse null: not wanted.
 struct AttentionParams {

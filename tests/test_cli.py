@@ -166,11 +166,11 @@ def test_bench_on_compute_capability_9_times_both_families_against_their_ceiling
     if torch.cuda.get_device_capability(0) != (9, 0):
         pytest.skip("form 3 (wgmma) needs compute capability 9.0")
     doc = run_json(tmp_path, "bench", "--rows", "1000", "--segments")
-    assert [r["form"] for r in doc["rows"]] == [0, 3]  # the MLP: its default, then the wgmma family
+    assert [r["form"] for r in doc["rows"]] == [3, 0]  # the MLP: its default (the wgmma family), then mma.sync
     ceilings = {c["family"]: c["tflops"] for c in doc["ceilings"]}
     # the wgmma ceiling issues several times the (emulated) e4m3 mma.sync rate on Hopper
     assert ceilings["wgmma"] > 2 * ceilings["mma.sync"] and doc["ceiling_tflops"] == ceilings["wgmma"]
-    assert [r["ceiling_tflops"] for r in doc["rows"]] == [ceilings["mma.sync"], ceilings["wgmma"]]
+    assert [r["ceiling_tflops"] for r in doc["rows"]] == [ceilings["wgmma"], ceilings["mma.sync"]]
 
 
 def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, monkeypatch, capsys):
@@ -197,11 +197,10 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     path, table = tmp_path / "b.json", tmp_path / "b.csv"
     assert bench.run(SimpleNamespace(rows=[64], segments=[[128]], json=str(path), csv=str(table))) == 0
     doc = json.loads(path.read_text())
-    # each operator's default form on sm_90 first (the MLP's mma.sync form 0, the attention's
-    # wgmma family), then its other family
-    assert [(r["op"], r["form"]) for r in doc["rows"]] == [("mlp", 0), ("mlp", 3), ("attention", 3),
+    # each operator's default form on sm_90 first (the wgmma family), then its other family
+    assert [(r["op"], r["form"]) for r in doc["rows"]] == [("mlp", 3), ("mlp", 0), ("attention", 3),
                                                            ("attention", 0)]
-    assert [r["ceiling_tflops"] for r in doc["rows"]] == [400.0, 1600.0, 1600.0, 400.0]
+    assert [r["ceiling_tflops"] for r in doc["rows"]] == [1600.0, 400.0, 1600.0, 400.0]
     assert [round(r["pct_ceiling"], 6) for r in doc["rows"]] == [25.0, 25.0, 25.0, 25.0]
     assert doc["ceiling_tflops"] == 1600.0
     assert doc["ceilings"] == [dict(form=0, family="mma.sync", tflops=400.0), dict(form=3, family="wgmma",
@@ -214,7 +213,7 @@ def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, mon
     assert out.count("flash SDPA bf16") == 2
 
 
-@pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (0, 3), (3, 0)), ("sm_120a", 2, (2,), (2,)),
+@pytest.mark.parametrize("arch,board,mlp,attention", [("sm_90", 0, (3, 0), (3, 0)), ("sm_120a", 2, (2,), (2,)),
                                                       ("sm_120a", 0, (0,), (0,)), ("sm_89", 0, (0,), (0,))])
 def test_offered_forms_put_the_default_first_and_both_families_on_sm90_only(monkeypatch, arch, board, mlp, attention):
     from h3kernels._runtime import targets

@@ -31,9 +31,9 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(op, "check_call", lambda q, k, v, cu, out, cu_host, scale, form: (3, 2, 0.125, (0, 3)))
     monkeypatch.setattr(arrays, "Call", FakeCall)
     monkeypatch.setattr(arrays, "restore", restored.append)
-    monkeypatch.setattr(targets, "attention_mma_form", lambda device_id, form: 3 if form == -1 else form)
+    monkeypatch.setattr(targets, "operator_form", lambda device_id, form: 3 if form == -1 else form)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(launch, "run", lambda *a: runs.append(a) or record[0])
+    monkeypatch.setattr(launch, "run", lambda *a, keep: runs.append(a) or keep.append("scratch") or record[0])
     return runs, restored, record
 
 
@@ -53,7 +53,7 @@ def test_kernel_alone_replays_the_attention_kernels_launch_record(stand_ins):
     assert isinstance(call, FakeCall) and args[:4] == [q, q, q, args[3]] and args[4:] == [(0, 3), 2, 0.125]
     assert out.shape == (3, 2, 128) and form == 3 and launched == []
     assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",))]
-    assert restored == ["previous", "previous"] and replay.arrays[0] is q and replay.arrays[1] is out
+    assert restored == ["previous", "previous"] and replay.arrays[:2] == (q, out) and replay.arrays[2] == "scratch"
     attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3], form=0)
     assert runs[-1][-1] == 0
 
