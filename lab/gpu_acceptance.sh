@@ -5,7 +5,9 @@
 #                                     the code before the change (a copy of that checkout in
 #                                     .before/), in alternating processes
 #   bash lab/gpu_acceptance.sh tests   the GPU test suite (attention tests in their own process)
-#   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the demo and the check
+#   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info
+#   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
+# H3_AB_ROUNDS: rounds of the speed comparison (2).
 # numba-cuda there needs a numpy 2.4 wheel in .whl/ (installed into /tmp/site first).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,7 @@ old() { (cd .before && PYTHONPATH=$PWD${SITE:+:$SITE} H3KERNELS_CACHE_DIR=/tmp/h
   new python3 -c 'import torch, cupy, numba, numpy; print(torch.__version__, cupy.__version__, numba.__version__, numpy.__version__)'; } 2>&1 | tee -a "$OUT/env.txt"
 case "${1:-}" in
 ab)
+  if [ "${H3_AB_SASS:-1}" = 1 ]; then
   for spec in "attention default|varlen_attention_fp8_sm90a|L.defines()|B.AttentionBuild().defines()" \
               "attention lse|varlen_attention_fp8_sm90a|L.defines(EXACT_L=1)|B.AttentionBuild(lse=True).defines()" \
               "mlp|mlp_fp8_sm90a|L.defines()|B.MlpBuild().defines()"; do
@@ -29,7 +32,8 @@ ab)
     new python3 lab/sass_diff.py --before ".before:(\"$src\",\"sm_90a\",$before)" --setup-before "from h3kernels._launch import $src as L" \
       --after ".:(\"$src\",\"sm_90a\",$after)" --setup-after "from h3kernels._launch import $src as B" 2>&1 | tee -a "$OUT/sass.txt"
   done
-  for round in 1 2; do
+  fi
+  for round in $(seq "${H3_AB_ROUNDS:-2}"); do
     old timeout 150 python3 "$PWD/lab/ab_time.py" --label before --json "$OUT/ab.jsonl" 2>&1 | tail -1
     new timeout 150 python3 lab/ab_time.py --label after --json "$OUT/ab.jsonl" 2>&1 | tail -1
   done
@@ -49,6 +53,11 @@ tests)
     | tee "$OUT/pytest.log" | grep -E "passed|failed|FAILED|Error" | tail -15
   new timeout 150 python3 -m pytest -q -rsx -o faulthandler_timeout=60 -p no:cacheprovider tests -k varlen 2>&1 \
     | tee "$OUT/pytest_attention.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+  ;;
+pytest)
+  shift
+  new timeout 540 python3 -m pytest -q -rsx -o faulthandler_timeout=100 -p no:cacheprovider "$@" 2>&1 \
+    | tee -a "$OUT/pytest_part.log" | grep -E "passed|failed|FAILED|Error" | tail -25
   ;;
 bench)
   new timeout 300 python3 -m h3kernels bench --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1; tail -20 "$OUT/bench.log"
