@@ -27,6 +27,9 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     tl.n_stages = (tl.len + kStageKeys - 1) / kStageKeys;
     const bool one_block = (tl.len + kBlockKeys - 1) / kBlockKeys == 1;  // CTA-uniform: S on mma.sync, l in FP32
     tl.row0 = q0 + 64 * consumer + 16 * warp + g;
+    // ptxas 13.0 kept q0 across the exact-l build's tile instead and spilled it (8 bytes a tile):
+    // there row0 is kept as computed (in the other build the same pin spilled 16 bytes instead)
+    if constexpr (kExactL) asm volatile("" : "+r"(tl.row0));
     tl.row1 = tl.row0 + 8;
     // rows past the segment give S = 0 and are not written
     tl.c0 = tl.row0 < tl.end ? __ldg(p.s_q + (i64)tl.row0 * p.heads + tl.h) * p.scale_log2 : 0.f;

@@ -146,6 +146,9 @@ def workspace_bytes(device=None):
     """Device bytes the attention holds between calls on `device` (an int, 'cuda:N', a
     torch.device or a CuPy Device; None: the current device): the scratch that captured graphs
     of CuPy calls point at, else 0. Scratch of calls in flight belongs to the caller's allocator."""
+    with _lock:
+        if not _captured:  # the usual case, answered without touching CUDA
+            return 0
     dev = device_id(device)
     with _lock:
         return sum(int(a.nbytes) for a in _captured.get(dev, ()))
