@@ -154,41 +154,6 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 desc_a
                         accumulate);
 }
 
-// --- clusters (a CTA pair sharing loads through TMA multicast) --------------------------------
-__device__ __forceinline__ u32 cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of the cluster that has not exited arrives and waits (release / acquire): orders
-// barrier initialization before remote use, and keeps a CTA alive while its peer may still
-// signal its barriers.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// One arrival on the barrier at this CTA's shared address `bar` in CTA `rank` of the cluster.
-// Release at CTA scope (the default): what the arrival publishes is that this warp's wgmmas have
-// finished reading a stage, which their wait already ordered. Cluster scope compiles to
-// MEMBAR.ALL.GPU before each arrival (ptxas 13.0), a wait for every store in flight, epilogue
-// stores included: with it the CTA pairs ran 1.5x slower than single CTAs (docs/hopper.md).
-__device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-// The box of `map` at (inner, outer) -> shared address dst in every CTA of cta_mask, each CTA's
-// barrier at `bar`'s offset receiving the bytes it got.
-__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TmaMap* map, int inner, int outer, u64* bar,
-                                                      u16 cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"((u64)map), "r"(inner), "r"(outer), "r"(smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
-
 // d (+)= A . B^T for a 64 x 64 x 32 step (the m64n128 fragment restricted to 8 n8 blocks):
 // register i in 0..31 at row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
@@ -279,32 +244,8 @@ __device__ __forceinline__ void wgmma_m64n8k32_e4m3_rs(float (&d)[4], const u32 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-// Four 8 x 16-byte matrices from shared memory: lanes 8 i .. 8 i + 7 give the row addresses of
-// matrix i (16 bytes each, 16-byte aligned), and lane l receives bytes 4 (l % 4) .. + 3 of row
-// l / 4 of matrix i in r[i]. For 8-bit data with matrices (rows 0-7, K 0-15), (rows 8-15, K 0-15),
-// (rows 0-7, K 16-31), (rows 8-15, K 16-31) that is the register-A fragment of a k32 wgmma below.
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
 // Keeps the compiler from moving writes of A-fragment registers across a wgmma wait.
 __device__ __forceinline__ void fence_regs(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
-
-// d (+)= A . B^T for a 64 x 64 x 32 step with A from registers ("RS" form), B through its
-// descriptor. Register-A fragment of thread t (warp w = t / 32, lane l = t % 32): a[j] holds
-// bytes K = 4 (l % 4) + 16 (j / 2) + {0..3} of row 16 w + l / 4 + 8 (j % 2). The registers of a
-// must stay unchanged until a wgmma wait covers this instruction.
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3_rs(float (&d)[32], const u32 (&a)[4], u64 desc_b, int accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
 
 // --- one warpgroup's threads alone ----------------------------------------------------------
 // Named barrier `id` (1..15; 0 is __syncthreads) over the 128 threads of one warpgroup, so a

@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
     // Every global load of a group of columns is issued before any of its arithmetic. Loaded
     // next to its use (the expf and the IEEE division between them kept the compiler from
     // hoisting), each scale waited out its own L2 latency while the tensor cores idled: FC1 took
-    // 10% longer at M = 16384 (docs/hopper.md).
+    // 10% longer at M = 16384 (docs/kernels/mlp_sm90.md, "Decisions").
     float sa[2];
   #pragma unroll
     for (int rh = 0; rh < 2; ++rh) sa[rh] = row0 + 8 * rh < M ? a_scale[row0 + 8 * rh] : 0.f;

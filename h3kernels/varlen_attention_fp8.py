@@ -22,7 +22,7 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     only the quantized copies. fp8_mma_form: as minimax_h3_mlp_fp8's (-1 the board's form, 0 the
     legacy e4m3 mma, 2 kind::mxf8f6f4 on sm_120a, 3 the wgmma + TMA kernel on sm_90a); forms 0
     and 2 give the same bits; form 3, what -1 picks on sm_90 (H100, H200), its own, within the
-    same bounds (docs/hopper.md).
+    same bounds (docs/kernels/attention_sm90.md).
 
     return_lse=True returns (out, lse): lse FP32 [heads, tokens], each row's natural log-sum-exp
     of the true scores softmax_scale * q . k over its segment's keys (the kernel's scores are

@@ -45,7 +45,7 @@ def test_wgmma_ceiling_is_measured_on_compute_capability_9():
 
     if torch.cuda.get_device_capability(0) != (9, 0):
         pytest.skip("wgmma needs compute capability 9.0")
-    # the e4m3 wgmma issues at several times the emulated mma.sync rate on Hopper (docs/hopper.md)
+    # the e4m3 wgmma issues at several times the emulated mma.sync rate on Hopper (docs/kernels/mlp_sm90.md)
     assert wgmma_ceiling.measure_wgmma_tflops(0, iters=256, reps=3) > 2 * mma_ceiling.measure_tflops(0, 0, iters=256,
                                                                                                      reps=3)
 

@@ -253,7 +253,7 @@ def check3(seqlens, heads, seed, k_offset=0.0):
 def test_varlen_sm90a_one_block_segment_keeps_the_reference_p_grid_bound(lens, heads, seed):
     # sets where S summed in the FP8 tensor cores (per 128, 64 or 32 channels) put a one-block
     # segment over the 0.005 bound: [64] x 1 head, seed 0 by the GPU fuzz test, the others by
-    # bench/hopper_attention.py --only s_split --s-split-sets 600 (no host copy of cu_seqlens)
+    # a fuzz of 600 random short sets (bench/hopper_attention.py at e90ddee) (no host copy of cu_seqlens)
     q, k, v, cu_dev, cu = make_attention_inputs(lens, heads, device="cuda", seed=seed)
     out = run3(q, k, v, cu_dev, None)
     torch.cuda.synchronize()

@@ -54,7 +54,7 @@ class MlpBuild:
     consumer_regs: int = 240
     # n8 blocks of a half tile whose global operands (FC1: column scales; FC2: residual, gate and
     # column scales) an epilogue step loads before any of its arithmetic, so that their latencies
-    # overlap (16 spills 12 bytes in FC1, ptxas 13.0; 4 measured 1-2% slower: docs/hopper.md)
+    # overlap (16 spills 12 bytes in FC1, ptxas 13.0; 4 measured 1-2% slower: docs/kernels/mlp_sm90.md)
     fc1_epi_blocks: int = 8
     fc2_epi_blocks: int = 8
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)

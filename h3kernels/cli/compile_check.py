@@ -117,7 +117,7 @@ def nvdisasm_for(nvrtc_major):
 
 
 def nvdisasm_path():
-    """An nvdisasm for the build's NVRTC, else any found, else None (bench/row_sass.py)."""
+    """An nvdisasm for the build's NVRTC, else any found, else None (lab/row_sass.py)."""
     try:
         return nvdisasm_for(nvrtc_version()[0])[0]
     except MissingNeed:
