@@ -204,7 +204,7 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     assert (v.gate, v.gate_stride, v.gate_rows, v.adaln_index, v.residual, v.out) == (0x5000, HIDDEN + 64, 50, 0xa0,
                                                                                       0xb0, 0xc0)
     assert launched == [hopper.FC1, hopper.QUANT, hopper.FC2]
-    assert mlp_fp8.launch_fc1(call, hopper.FORM, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1 << 20).values == fc1.values
+    assert mlp_fp8.launch_fc1(call, targets.WGMMA_FORM, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1 << 20).values == fc1.values
 
 
 def test_the_mma_sync_builds_are_values_too():

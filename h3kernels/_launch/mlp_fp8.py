@@ -10,7 +10,7 @@ import functools
 from typing import ClassVar
 
 from h3kernels._launch import mlp_fp8_sm90a, numba_ptx
-from h3kernels._runtime import compiler
+from h3kernels._runtime import compiler, targets
 from h3kernels._runtime.arrays import data_ptr, strides_elems
 from h3kernels._runtime.targets import MMA_FORMS, device_arch, sm_count
 from h3kernels.constants import FC1_OUT, FC2_FLAG_COLS, FC2_FLAG_ROWS, FFN, HIDDEN, ROW_THREADS, fc2_flag_count
@@ -144,7 +144,7 @@ def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y, split=None):
     Arguments are addresses. Form 3 runs the wgmma family (mlp_fp8_sm90a), the last wave's
     tiles split over K in `split` (its workspace, mlp_fp8_sm90a.plan), or in one of the launch's
     own where it is None. Returns the LaunchRecord."""
-    if form == mlp_fp8_sm90a.FORM:
+    if targets.form_family(form) == targets.WGMMA:
         return mlp_fp8_sm90a.launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=split)
     ctas = min(-(-m // BM) * (FC1_OUT // BN), sm_count(call.device_id))
     return kernel(call.device_id, FC1, form).launch(call.stream_ptr, (ctas, 1), THREADS,
@@ -157,7 +157,7 @@ def launch_fc2(call, form, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index
     the table (its row stride and rows are parameters); the rest are addresses. Form 3 runs the
     wgmma family (mlp_fp8_sm90a: a y quantization kernel, then the GEMM; flags unused; split as
     in launch_fc1). Returns the LaunchRecord(s): form 3's are (quantization, GEMM)."""
-    if form == mlp_fp8_sm90a.FORM:
+    if targets.form_family(form) == targets.WGMMA:
         return mlp_fp8_sm90a.launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out,
                                         split=split)
     ctas = min(-(-m // BM) * (HIDDEN // BN), sm_count(call.device_id))

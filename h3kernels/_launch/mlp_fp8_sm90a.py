@@ -20,7 +20,6 @@ from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 SOURCE = "mlp_fp8_sm90a"
 ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
 ARCHS = (ARCH,)  # what compile_check builds this source for
-FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
 FC1, FC2, QUANT = "h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma", "h3_mlp_y_quant"
 
 # The tile geometry the warpgroup roles are written for (the source asserts it):

@@ -18,7 +18,6 @@ from h3kernels.constants import HEAD_DIM, K_BLOCK
 SOURCE = "varlen_attention_fp8_sm90a"
 ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
 ARCHS = (ARCH,)
-FORM = 3  # fp8_mma_form of this family (h3kernels/_runtime/targets.py)
 KERNEL = "h3_varlen_attention_fp8_wgmma"
 
 # The kernel's shape (cuda_src/varlen_attention_fp8_sm90a_layout.cuh takes these as -D constants)
