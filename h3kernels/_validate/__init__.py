@@ -276,3 +276,18 @@ def spans_overlap(written, everything, spans, may_alias=()):
             alias = sorted(b for a, b in may_alias if a == wn)
             fail(wn, f"memory that overlaps {other}",
                  "its own memory" + (f" ({wn} may be {' or '.join(alias)})" if alias else ""))
+
+
+def host_ints(name, values):
+    """A host sequence of ints (list, tuple, numpy array or CPU tensor) as a tuple."""
+    if adapter.kind_of(values) == "cupy" or getattr(values, "is_cuda", False):
+        fail(name, "a device array", "a host sequence of ints", TypeError)
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        out = tuple(values)
+    except TypeError:
+        fail(name, type_name(values), "a sequence of ints", TypeError)
+    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in out):
+        fail(name, type(values).__name__, "a sequence of ints", TypeError)
+    return tuple(int(x) for x in out)

@@ -1,9 +1,9 @@
 """The checks of h3kernels.parallel, made on each rank before any communication: the local
 q, k, v and out, the global segment boundaries, the ranks' token counts, the head split and the
 devices the process group's backend can move."""
-import numbers
 
 from h3kernels import _validate as v
+from h3kernels._validate import host_ints  # noqa: F401 (h3kernels.parallel's boundaries)
 from h3kernels._validate import varlen_attention_fp8 as attention
 from h3kernels._runtime import arrays as adapter
 
@@ -36,21 +36,6 @@ def heads_split(heads, world):
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         v.fail("q", f"{heads} heads over {world} ranks",
                f"a world size that divides the heads ({', '.join(map(str, divisors))})")
-
-
-def host_ints(name, values):
-    """A host sequence of ints (list, tuple, numpy array or CPU tensor) as a tuple."""
-    if adapter.kind_of(values) == "cupy" or getattr(values, "is_cuda", False):
-        v.fail(name, "a device array", "a host sequence of ints", TypeError)
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    try:
-        out = tuple(values)
-    except TypeError:
-        v.fail(name, v.type_name(values), "a sequence of ints", TypeError)
-    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in out):
-        v.fail(name, type(values).__name__, "a sequence of ints", TypeError)
-    return tuple(int(x) for x in out)
 
 
 def tokens_per_rank(counts, world, rank, local_tokens):

@@ -3,7 +3,6 @@ h3kernels.reference: arrays (check_args), the segment boundaries (host_seqlens),
 (softmax_scale, fp8_mma_form, return_lse), workspace_bytes' device argument (device), and the
 partial attention's arrays and boundaries (check_partial_args)."""
 import math
-import numbers
 import operator
 
 from h3kernels import _validate as v
@@ -97,13 +96,19 @@ def host_seqlens(cu_seqlens, cu_seqlens_host, tokens, read_back):
     entries = cu_seqlens.shape[0]
     if len(cu) != entries:
         v.fail(name, f"{len(cu)} entries", f"{entries}, as cu_seqlens")
+    return segment_bounds(name, cu, tokens, "q.shape[0]")
+
+
+def segment_bounds(name, cu, tokens, of):
+    """Segment boundaries (a tuple of ints): from 0, non-decreasing, to `tokens` (`of` names where
+    that count comes from). Returns cu."""
     if cu[0] != 0:
         v.fail(name, f"first entry {cu[0]}", "0")
     if not all(map(operator.le, cu, cu[1:])):
         i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
         v.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
     if cu[-1] != tokens:
-        v.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} (q.shape[0])")
+        v.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} ({of})")
     return cu
 
 
@@ -173,24 +178,7 @@ def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale):
 
 def _host_bounds(name, values, tokens, of):
     """Segment boundaries given on the host: a sequence of ints from 0, non-decreasing, to tokens."""
-    if adapter.kind_of(values) == "cupy" or getattr(values, "is_cuda", False):
-        v.fail(name, "a device array", "a host sequence of ints", TypeError)
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    try:
-        cu = tuple(values)
-    except TypeError:
-        v.fail(name, v.type_name(values), "a sequence of ints", TypeError)
-    if not cu or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in cu):
-        v.fail(name, repr(values) if not cu else type(values).__name__, "a non-empty sequence of ints", TypeError)
-    cu = tuple(int(x) for x in cu)
+    cu = v.host_ints(name, values)
     if len(cu) < 2:
-        v.fail(name, f"{len(cu)} entry", "at least 2 (segments + 1)")
-    if cu[0] != 0:
-        v.fail(name, f"first entry {cu[0]}", "0")
-    if not all(map(operator.le, cu, cu[1:])):
-        i = next(i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b < a)
-        v.fail(name, f"entries {cu[i]}, {cu[i + 1]} at {i}, {i + 1}", "non-decreasing entries")
-    if cu[-1] != tokens:
-        v.fail(name, f"last entry {cu[-1]}", f"tokens = {tokens} ({of})")
-    return cu
+        v.fail(name, f"{len(cu)} entries", "at least 2 (segments + 1)")
+    return segment_bounds(name, cu, tokens, of)
