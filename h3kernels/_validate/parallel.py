@@ -1,7 +1,6 @@
 """The checks of h3kernels.parallel, made on each rank before any communication: the local
 q, k, v and out, the global segment boundaries, the ranks' token counts, the head split and the
 devices the process group's backend can move."""
-
 from h3kernels import _validate as v
 from h3kernels._validate import host_ints  # noqa: F401 (h3kernels.parallel's boundaries)
 from h3kernels._validate import varlen_attention_fp8 as attention
