@@ -6,7 +6,8 @@ speed with the code before it in one GPU run (lab/gpu_acceptance.sh does).
 
 MLP: minimax_h3_mlp_fp8(fp8_mma_form=3) at M = 16384, 4096, 256 with caller workspaces and out.
 Attention: minimax_h3_varlen_attention_fp8(fp8_mma_form=3) on 4x4096, 1x16384, 16x1024 tokens,
-56 heads, out preallocated and cu_seqlens_host given; 4x4096 also with return_lse (the lse build).
+56 heads, out preallocated and cu_seqlens_host given; 4x4096 also with return_lse (the lse build);
+each plain set's kernel alone as well (testing.timing.attention_kernel_alone).
 Each figure: the median of back-to-back calls between CUDA events (median_ms_batched)."""
 import argparse
 import json
@@ -16,7 +17,7 @@ import torch
 
 import h3kernels
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, make_row_inputs
-from h3kernels.testing.timing import median_ms_batched
+from h3kernels.testing.timing import attention_kernel_alone, median_ms_batched
 
 
 def mlp(rows):
@@ -50,6 +51,12 @@ def attention(sets):
                                                                  fp8_mma_form=3, return_lse=lse)
         call()
         out[name] = median_ms_batched(call, batch=10, warmup=2, reps=7)
+        if not lse:  # the kernel alone: its launch replayed on the scratch one call left
+            try:
+                alone = attention_kernel_alone(q, k, v, cu_dev, cu, form=3)
+            except TypeError:  # the signature before the launch records: a call to record
+                alone = attention_kernel_alone(call)
+            out[name + " kernel"] = median_ms_batched(alone, batch=10, warmup=2, reps=7)
         del q, k, v, dst
     return out
 
