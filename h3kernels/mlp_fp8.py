@@ -5,7 +5,7 @@ from h3kernels import _validate as validate
 from h3kernels import quantize
 from h3kernels._launch import mlp_fp8 as launch
 from h3kernels._launch import mlp_fp8_sm90a
-from h3kernels._runtime import arrays, targets
+from h3kernels._runtime import arrays, targets, workspace
 from h3kernels._validate import mlp_fp8 as checks
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 
@@ -114,6 +114,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     size, at = launch.scratch_layout(m, missing, plan.workspace_bytes if wgmma else 0)
     if size:
         scratch = call.empty((size,), arrays.E4M3)
+        workspace.keep_if_captured(call, scratch)  # a captured graph points at it
         base = arrays.data_ptr(scratch)
         for name, offset in at.items():
             ptr[name] = base + offset

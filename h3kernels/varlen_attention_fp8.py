@@ -120,9 +120,8 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
 
 
 def workspace_bytes(device=None):
-    """Device bytes the attention holds between calls on `device` (an int, 'cuda:N', a
-    torch.device or a CuPy Device; None: the current device). A call's scratch comes from the
-    caller's own allocator and goes back to it when the call's launches are queued, so this is 0
-    but for the scratch that CUDA graphs captured from CuPy calls point at."""
-    checks.device(device)  # a bad argument is refused even while nothing is held
-    return workspace.workspace_bytes(device)
+    """Device bytes h3kernels holds between calls on `device` (an int, 'cuda:N', a torch.device
+    or a CuPy Device; None: the current device). A call's scratch comes from the caller's own
+    allocator and goes back to it, so this is 0 but for the scratch that CUDA graphs captured
+    from CuPy calls point at (kept for the life of the process)."""
+    return workspace.workspace_bytes(checks.device(device))

@@ -90,7 +90,8 @@ def test_compiling_under_the_module_lock_does_not_deadlock(sandbox):
 
 def test_compile_check_counts_dynamic_shared_memory(monkeypatch, capsys):
     # static smem alone fits; what a launch adds dynamically must count against the 101376 bytes too
-    monkeypatch.setattr(compile_check, "dynamic_smem", lambda build, kernel: 101377 if kernel == "h3_f32_to_e4m3" else 0)
+    monkeypatch.setattr(compiler.PlainBuild, "dynamic_smem", lambda build, kernel: 101377 if kernel == "h3_f32_to_e4m3"
+                        else 0)
     report = compile_check.check(("sm_90",), ["fp8_convert"])
     assert not report["ok"] and any("101377 B static + dynamic smem" in f for f in report["failures"])
     assert "101377 B static + dynamic smem" in capsys.readouterr().out

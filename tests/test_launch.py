@@ -127,7 +127,7 @@ def test_every_source_builds_what_ships_for_every_arch():
                 hash(build)  # a value: the loader keys kernels by it
                 assert all(isinstance(v, int) and not isinstance(v, bool) for v in build.defines().values())
                 for kernel in getattr(build, "kernels", ()):
-                    assert isinstance(sources.dynamic_smem(build, kernel), int)
+                    assert isinstance(build.dynamic_smem(kernel), int)
                 built.setdefault(name, set()).add(arch)
     assert built["mlp_fp8_sm90a"] == built["varlen_attention_fp8_sm90a"] == {"sm_90a"}
     assert built["mlp_fp8"] == built["varlen_attention_fp8"] == {"sm_120a", "sm_90", "sm_89"}

@@ -2,15 +2,66 @@
 the caller's allocator on the caller's stream and goes back to it, so calls on many streams, from
 many threads, hold nothing of ours afterwards; the results are the serial call's bits."""
 import threading
+import types
 
+import numpy as np
 import pytest
 import torch
 
 import h3kernels
+from h3kernels._runtime import workspace
 from h3kernels.testing.checks import same_bits
 from h3kernels.testing.inputs import make_attention_inputs
 
-pytestmark = pytest.mark.gpu
+
+@pytest.fixture
+def host_only(monkeypatch):
+    """The plan cache without a GPU: pinned memory as host bytes, copies and events recorded
+    (an event is done once `finish` says so)."""
+    import cupy
+    from cupy_backends.cuda.api import runtime
+
+    copies, events = [], []
+
+    class Event:
+        def __init__(self, **kw):
+            self.ptr, self.done = len(events), False
+            events.append(self)
+
+    class Pinned(bytearray):
+        ptr = 0
+
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", lambda n: Pinned(n))
+    monkeypatch.setattr(cupy.cuda, "Event", Event)
+    monkeypatch.setattr(runtime, "memcpyAsync", lambda dst, src, n, kind, stream: copies.append((dst, n, stream)))
+    monkeypatch.setattr(runtime, "eventRecord", lambda event, stream: setattr(events[event], "done", False))
+    monkeypatch.setattr(workspace, "PLANS_PER_DEVICE", 3)
+    return types.SimpleNamespace(copies=copies, events=events, finish=lambda: [setattr(e, "done", True)
+                                                                               for e in events])
+
+
+def test_plans_are_bounded_and_freed_once_idle_without_waiting(host_only):
+    cache = workspace.PlanCache()
+    plan = lambda i: (np.arange(i + 1, dtype=np.int32), np.zeros(2, np.int64))  # noqa: E731
+    taken = [cache.take(i, lambda i=i: plan(i), False, "advice") for i in range(5)]
+    assert list(cache.plans) == [2, 3, 4] and cache.retired == taken[:2]  # evicted while taken
+    assert taken[4].rows == (5, 2) and taken[4].offsets == (0, 256) and taken[4].nbytes == 512
+    cache.copy(taken[0], 1 << 20, 7, False)
+    cache.give_back(taken[1])
+    assert host_only.copies == [(1 << 20, 512, 7)] and taken[0].users == 0 and not taken[0].idle()
+    cache.take(5, lambda: plan(5), False, "advice")  # taken[1] is idle: freed; taken[0]'s copy runs on
+    assert cache.retired == [taken[0], taken[2]]
+    host_only.finish()
+    cache.take(6, lambda: plan(6), False, "advice")
+    assert cache.retired == [taken[2], taken[3]]  # still taken, both
+    assert cache.take(6, None, True, "advice") is cache.plans[6]  # an existing plan under capture
+    with pytest.raises(RuntimeError, match="advice"):
+        cache.take(7, lambda: plan(7), True, "advice")  # a new one would need building
+    cache.copy(cache.plans[6], 1 << 21, 9, True)
+    assert cache.plans[6].captured and not cache.plans[6].idle()
+    for i in range(8, 12):  # a captured plan is never evicted
+        cache.give_back(cache.take(i, lambda i=i: plan(i), False, "advice"))
+    assert 6 in cache.plans and len(cache.plans) == 3
 
 
 def one_call_bytes(args, out):
@@ -23,6 +74,7 @@ def one_call_bytes(args, out):
     return torch.cuda.max_memory_allocated() - base
 
 
+@pytest.mark.gpu
 def test_calls_on_sixty_fresh_streams_hold_no_memory_afterwards(seed):
     args = make_attention_inputs([4096, 4096], 56, device="cuda", seed=seed)
     want = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
@@ -46,6 +98,7 @@ def test_calls_on_sixty_fresh_streams_hold_no_memory_afterwards(seed):
     assert torch.cuda.memory_reserved() - reserved <= 1.5 * need
 
 
+@pytest.mark.gpu
 def test_calls_from_eight_threads_with_their_own_streams(seed):
     args = make_attention_inputs([4096, 4096], 56, device="cuda", seed=seed)
     want = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
@@ -78,6 +131,7 @@ def test_calls_from_eight_threads_with_their_own_streams(seed):
     assert torch.cuda.memory_allocated() - allocated <= 1.5 * need
 
 
+@pytest.mark.gpu
 def test_cupy_calls_on_fresh_streams_give_their_scratch_back(seed):
     cupy = pytest.importorskip("cupy")
     q, k, v, cu_dev, cu = make_attention_inputs([1000, 3000], 8, device="cuda", seed=seed)

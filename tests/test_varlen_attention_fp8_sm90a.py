@@ -384,16 +384,13 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     class Plan:
         rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
 
-    class Plans:
-        def get(self, key, make, capturing, advice):
-            return Plan()
 
     class Call:
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
     launched = []
-    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
-    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes, plan: (None, base, (11, 12, 13, 14)))
+    monkeypatch.setattr(workspace, "scratch", lambda call, key, build, size, advice: (
+        Plan.rows, None, 0, None) if size(Plan.rows) is None else (Plan.rows, "scratch", base, (11, 12, 13, 14)))
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
     monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")

@@ -218,13 +218,14 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
     AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
     the scratch's own (which the passes fill). Returns the attention kernel's LaunchRecord; the
     scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
-    host_plan = workspace.plans(call.device_id).get(plan_key, make_plan, call.capturing, CAPTURE_ADVICE)
-    n_tiles, _, n, _ = host_plan.rows
-    if not n_tiles:
+    size = lambda rows: _offsets(ws_tokens, heads, segments, rows[2])[1] if rows[0] else None  # noqa: E731
+    rows, held, base, ptrs = workspace.scratch(call, plan_key, make_plan, size, CAPTURE_ADVICE)
+    if held is None:  # no tiles
         return None
+    n_tiles, _, n, _ = rows
+    tiles, block_offset, blocks, q_bounds = ptrs
     stream = call.stream_ptr
-    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), nbytes = _offsets(ws_tokens, heads, segments, n)
-    held, base, (tiles, block_offset, blocks, q_bounds) = workspace.scratch(call, nbytes, host_plan)
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), _ = _offsets(ws_tokens, heads, segments, n)
     if keep is not None:
         keep.append(held)
     for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):

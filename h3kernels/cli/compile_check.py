@@ -20,7 +20,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import archs_for, builds_for, dynamic_smem, label
+from h3kernels._launch.sources import archs_for, builds_for, label
 from h3kernels._runtime import compiler
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
@@ -205,7 +205,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
                         failures.append(f"{what} {kernel}: {spill} spill bytes")
-                    smem = r["smem"] + dynamic_smem(build, kernel)
+                    smem = r["smem"] + build.dynamic_smem(kernel)
                     if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
                         failures.append(f"{what} {kernel}: {smem} B static + dynamic smem")
                 if counts is not None:
