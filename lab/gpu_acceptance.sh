@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The GPU checks of a change to the shipped kernels, in steps that each fit a 10-minute run on
-# one H200, logs under $OUT (default /tmp/h3out):
+# The GPU checks of a change to the shipped kernels, in steps of a few minutes each on one
+# H100/H200, logs under $OUT (default /tmp/h3out):
 #   bash lab/gpu_acceptance.sh ab      SASS of the shipped builds and the operators' speed against
 #                                     the code before the change (a copy of that checkout in
 #                                     .before/), in alternating processes
 #   bash lab/gpu_acceptance.sh tests   the GPU test suite (attention tests in their own process)
 #   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info
 #   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
-# H3_AB_ROUNDS: rounds of the speed comparison (2).
-# numba-cuda there needs a numpy 2.4 wheel in .whl/ (installed into /tmp/site first).
+# H3_AB_ROUNDS: rounds of the speed comparison (2); H3_AB_SASS=0 leaves the SASS out.
+# Wheels placed in .whl/ (a numpy that numba-cuda supports, on a machine whose own is newer) are
+# installed into /tmp/site first.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/h3out}; mkdir -p "$OUT"
