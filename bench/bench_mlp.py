@@ -61,7 +61,7 @@ def op_form(dev, requested):
     try:
         from h3kernels._runtime import targets
 
-        return targets.mlp_mma_form(dev, requested)
+        return targets.operator_form(dev, requested)
     except Exception:
         from h3kernels.peers import mma_ceiling
 

@@ -99,7 +99,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                  workspace_flags=workspace_flags)
     eps, facts = checks.checked_mlp_args(inputs, given, eps, fp8_mma_form)
     call = arrays.Call({**inputs, **given})  # kind and device, once dtypes and shapes are known good
-    form = targets.mlp_mma_form(call.device_id, fp8_mma_form)
+    form = targets.operator_form(call.device_id, fp8_mma_form)
     m = x.shape[0]
     address = {name: f[3] for name, f in facts.items()}  # read once, by the checks
 

@@ -32,7 +32,7 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
                                                fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
-    form = targets.attention_mma_form(call.device_id, fp8_mma_form)
+    form = targets.operator_form(call.device_id, fp8_mma_form)
     if cu_host is None:
         cu_host = host_seqlens(call, cu_seqlens, None, tokens)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), arrays.BF16)

@@ -223,16 +223,16 @@ def test_the_mma_sync_builds_are_values_too():
 def test_mlp_form_selection(monkeypatch, arch, requested, want):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
     monkeypatch.setattr(targets, "board_form", lambda device_id: 0)
-    assert targets.mlp_mma_form(0, requested) == want
+    assert targets.operator_form(0, requested) == want
 
 
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
 def test_form_3_needs_sm90a(monkeypatch, arch):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
     with pytest.raises(ValueError, match="fp8_mma_form.*form 3 needs sm_90a"):
-        targets.mlp_mma_form(0, 3)
+        targets.operator_form(0, 3)
     with pytest.raises(ValueError, match="fp8_mma_form"):
-        targets.mlp_mma_form(0, True)
+        targets.operator_form(0, True)
 
 
 @pytest.mark.gpu

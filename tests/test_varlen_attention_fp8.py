@@ -604,7 +604,7 @@ def test_every_form_gives_the_same_bits(seed):
     from h3kernels.peers import mma_ceiling
 
     q, k, v, cu_dev, cu = make_attention_inputs([300, 0, 129, 64], 4, device="cuda", seed=seed)
-    chosen = targets.attention_mma_form(torch.cuda.current_device(), -1)
+    chosen = targets.operator_form(torch.cuda.current_device(), -1)
     forms = (-1, chosen) + tuple(f for f in mma_ceiling.supported_forms() if f in (0, 2) and f != chosen)
     outs = [run_op(q, k, v, cu_dev, cu, fp8_mma_form=form) for form in forms]
     torch.cuda.synchronize()

@@ -193,14 +193,14 @@ def test_varlen_sm90a_p_registers_times_permuted_v_is_p_times_v():
 def test_varlen_form_selection(monkeypatch, arch, requested, want):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
     monkeypatch.setattr(targets, "board_form", lambda device_id: 0)
-    assert targets.attention_mma_form(0, requested) == want
+    assert targets.operator_form(0, requested) == want
 
 
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
 def test_varlen_form_3_elsewhere_is_a_value_error(monkeypatch, arch):
     monkeypatch.setattr(targets, "device_arch", lambda device_id: arch)
     with pytest.raises(ValueError, match="fp8_mma_form.*form 3 needs sm_90a"):
-        targets.attention_mma_form(0, 3)
+        targets.operator_form(0, 3)
 
 
 def test_varlen_calls_take_the_exact_l_build_when_they_want_the_lse(monkeypatch):

@@ -103,8 +103,6 @@ def operator_form(device_id, requested=-1):
     return mma_form(device_id, requested)
 
 
-mlp_mma_form = attention_mma_form = operator_form  # both operators choose alike
-
 
 def offered_forms(op, device_id):
     """The fp8_mma_form values of operator `op` ('mlp' or 'attention') on a device: the one -1
