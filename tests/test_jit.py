@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from h3kernels.cli import compile_check
-from h3kernels._runtime import compiler
+from h3kernels._runtime import compiler, targets
 
 
 def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):
@@ -14,11 +14,11 @@ def test_every_source_compiles_for_sm120a_and_sm90_without_spills(capsys):
 
 
 def test_arch_mapping():
-    assert compiler.arch_for((12, 0)) == "sm_120a"
-    assert compiler.arch_for((9, 0)) == "sm_90"
-    assert compiler.arch_for((8, 9)) == "sm_89"
+    assert targets.arch_for((12, 0)) == "sm_120a"
+    assert targets.arch_for((9, 0)) == "sm_90"
+    assert targets.arch_for((8, 9)) == "sm_89"
     with pytest.raises(ValueError, match="compute capability 8.0 is not supported"):
-        compiler.arch_for((8, 0))
+        targets.arch_for((8, 0))
 
 
 @pytest.fixture

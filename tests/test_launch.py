@@ -13,7 +13,7 @@ import pytest
 from h3kernels._launch import mlp_fp8 as launch_mlp
 from h3kernels._launch import numba_ptx, sources
 from h3kernels._launch import varlen_attention_fp8 as launch_attention
-from h3kernels._runtime import compiler, launcher
+from h3kernels._runtime import compiler, launcher, targets
 
 HERE = Path(__file__).resolve().parent
 
@@ -132,7 +132,7 @@ def test_every_source_builds_what_ships_for_every_arch():
     assert built["mlp_fp8_sm90a"] == built["varlen_attention_fp8_sm90a"] == {"sm_90a"}
     assert built["mlp_fp8"] == built["varlen_attention_fp8"] == {"sm_120a", "sm_90", "sm_89"}
     assert sources.archs_for("mlp_fp8_sm90a", ("sm_89",)) == ()
-    assert compiler.MMA_FORMS["sm_120a"] == (0, 2)  # form 1 builds form 0's SASS: not offered
+    assert targets.MMA_FORMS["sm_120a"] == (0, 2)  # form 1 builds form 0's SASS: not offered
 
 
 def test_one_key_block_numbering():

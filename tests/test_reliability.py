@@ -15,6 +15,7 @@ from h3kernels import reference as R
 from h3kernels.testing.checks import check_mlp_stages, reference_bound, rel_l2, same_bits
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_inputs, mlp_arguments
 from h3kernels.testing.poison import poisoned_like, poisoned_mlp_workspaces
+from h3kernels.testing.threads import run_threads
 from h3kernels.constants import HIDDEN
 
 
@@ -148,30 +149,23 @@ def test_two_threads_on_two_streams_match_serial_calls(weights, seed, mlp_form):
     torch.cuda.synchronize()
 
     compiler.clear_caches()
-    results, errors = [None, None], []
+    results = [None, None]
     barrier = threading.Barrier(2)
 
     def work(i):
-        try:
-            inp, (q, k, v, cu_dev, cu) = jobs[i]
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            barrier.wait()
-            with torch.cuda.stream(s):
-                got = []
-                for _ in range(3):
-                    got.append((mlp(inp, weights, form=mlp_form),
-                                h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)))
-            s.synchronize()
-            results[i] = got
-        except BaseException as err:  # reported by the main thread
-            errors.append(err)
+        inp, (q, k, v, cu_dev, cu) = jobs[i]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        barrier.wait()
+        with torch.cuda.stream(s):
+            got = []
+            for _ in range(3):
+                got.append((mlp(inp, weights, form=mlp_form),
+                            h3kernels.minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu)))
+        s.synchronize()
+        results[i] = got
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = run_threads(work, 2)
     assert not errors, errors
     for i, got in enumerate(results):
         for out, att in got:

@@ -18,7 +18,7 @@ import torch
 
 import h3kernels
 from h3kernels import reference as R
-from h3kernels._runtime import compiler
+from h3kernels._runtime import targets
 from h3kernels.constants import FC1_OUT, FFN, HIDDEN, MAX_M
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights
 
@@ -111,7 +111,7 @@ def other_gpu(t, a, kw):
 
 
 def form2_here(t, a, kw):
-    if compiler.arch_for(compiler.device_cc(torch.cuda.current_device())) == "sm_120a":
+    if targets.arch_for(targets.device_cc(torch.cuda.current_device())) == "sm_120a":
         pytest.skip("form 2 is supported on this board")
     return 2
 

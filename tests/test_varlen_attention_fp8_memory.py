@@ -1,7 +1,6 @@
 """The attention's memory model (h3kernels/_runtime/workspace.py): a call's scratch comes from
 the caller's allocator on the caller's stream and goes back to it, so calls on many streams, from
 many threads, hold nothing of ours afterwards; the results are the serial call's bits."""
-import threading
 import types
 
 import numpy as np
@@ -12,6 +11,7 @@ import h3kernels
 from h3kernels._runtime import workspace
 from h3kernels.testing.checks import same_bits
 from h3kernels.testing.inputs import make_attention_inputs
+from h3kernels.testing.threads import run_threads
 
 
 @pytest.fixture
@@ -106,25 +106,18 @@ def test_calls_from_eight_threads_with_their_own_streams(seed):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     allocated = torch.cuda.memory_allocated()
-    bad, errors = [], []
+    bad = []
 
     def work(i):
-        try:
-            for _ in range(60 // 8 + (i < 60 % 8)):
-                s = torch.cuda.Stream()
-                with torch.cuda.stream(s):
-                    got = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
-                s.synchronize()
-                if not same_bits(got, want):
-                    bad.append(i)
-        except Exception as err:  # reported by the main thread
-            errors.append(err)
+        for _ in range(60 // 8 + (i < 60 % 8)):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                got = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
+            s.synchronize()
+            if not same_bits(got, want):
+                bad.append(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = run_threads(work, 8)
     assert not errors and not bad, (errors, bad)
     torch.cuda.synchronize()
     assert h3kernels.workspace_bytes() == 0

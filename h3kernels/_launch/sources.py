@@ -6,7 +6,7 @@ built with its mma form alone where it issues an mma, else as it is."""
 import dataclasses
 
 from h3kernels._launch import mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a, wgmma_ceiling
-from h3kernels._runtime import compiler
+from h3kernels._runtime import compiler, targets
 
 _MODULES = {m.SOURCE: m for m in (mlp_fp8, mlp_fp8_sm90a, varlen_attention_fp8, varlen_attention_fp8_sm90a,
                                   wgmma_ceiling)}
@@ -18,7 +18,7 @@ def archs_for(source, default):
     `default`."""
     module = _MODULES.get(source)
     if module is None:  # a test kernel: the mma.sync archs asked for
-        return tuple(a for a in default if a in compiler.MMA_FORMS)
+        return tuple(a for a in default if a in targets.MMA_FORMS)
     return tuple(a for a in module.ARCHS if a in default or a.rstrip("a") in default)
 
 
@@ -29,7 +29,7 @@ def builds_for(source, arch, uses_mma):
     module = _MODULES.get(source)
     if module is not None:
         return tuple(module.shipped_builds(arch))
-    forms = compiler.MMA_FORMS.get(arch, (0,)) if uses_mma else (None,)
+    forms = targets.MMA_FORMS.get(arch, (0,)) if uses_mma else (None,)
     return tuple(compiler.PlainBuild(() if f is None else (("H3_MMA_FORM", f),)) for f in forms)
 
 

@@ -70,7 +70,7 @@ class AttentionBuild:
 
 def shipped_builds(arch):
     """The builds of this source that ship for `arch`: one per mma form of the arch."""
-    return tuple(AttentionBuild(arch, form) for form in compiler.MMA_FORMS[arch]) if arch in ARCHS else ()
+    return tuple(AttentionBuild(arch, form) for form in targets.MMA_FORMS[arch]) if arch in ARCHS else ()
 
 
 def attention_build(device_id, form, lse):

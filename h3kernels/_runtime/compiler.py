@@ -15,7 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from h3kernels._runtime.targets import ARCH_BY_CC, MMA_FORMS, arch_for, device_arch, device_cc, device_properties  # noqa: F401
+from h3kernels._runtime.targets import device_arch
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-lineinfo")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

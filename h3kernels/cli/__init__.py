@@ -82,14 +82,14 @@ def cmd_info(args):
 
     i = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(i)
-    arch = compiler.arch_for(cc)
+    arch = targets.arch_for(cc)
     forms = targets.offered_forms("mlp", i)
     chosen = targets.operator_form(i, -1)
     doc["gpu"] = dict(index=i, name=torch.cuda.get_device_name(i), compute_capability=list(cc), arch=arch,
-                      mma_forms=list(compiler.MMA_FORMS[arch]), forms=list(forms), mlp_form=chosen,
+                      mma_forms=list(targets.MMA_FORMS[arch]), forms=list(forms), mlp_form=chosen,
                       attention_form=chosen, family=targets.form_family(chosen))
     print(f"GPU {i}: {doc['gpu']['name']}, compute capability {cc[0]}.{cc[1]} -> {arch}")
-    print(f"mma forms compiled for it: {compiler.MMA_FORMS[arch]} (0 legacy e4m3 mma, 2 kind::mxf8f6f4)"
+    print(f"mma forms compiled for it: {targets.MMA_FORMS[arch]} (0 legacy e4m3 mma, 2 kind::mxf8f6f4)"
           + (f", and form {targets.WGMMA_FORM} (wgmma + TMA, sm_90a)" if targets.WGMMA_FORM in forms else ""))
     print(f"chosen by fp8_mma_form=-1: MLP form {chosen}, attention form {chosen} ({targets.form_family(chosen)})")
     write_json(args.json, doc)

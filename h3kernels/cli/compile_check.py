@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from h3kernels._launch.sources import archs_for, builds_for, label
-from h3kernels._runtime import compiler
+from h3kernels._runtime import compiler, targets
 from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
@@ -220,7 +220,7 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
 def add_arguments(p):
     p.add_argument("names", nargs="*", metavar="name",
                    help="CUDA sources to compile, as mlp_fp8 or mlp_fp8.cu (default: every cuda_src/*.cu)")
-    p.add_argument("--arch", action="append", choices=sorted({*compiler.MMA_FORMS, "sm_90a"}),
+    p.add_argument("--arch", action="append", choices=sorted({*targets.MMA_FORMS, "sm_90a"}),
                    help="default: sm_120a and sm_90 (sm_90 includes the sm_90a-only sources; sm_90a: those alone)")
     p.add_argument("--sass", action="store_true",
                    help="count matrix instructions with an nvdisasm of the build's CUDA major release")

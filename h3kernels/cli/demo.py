@@ -82,13 +82,13 @@ def run_cpu(args):
 def run_gpu(args):
     import torch
 
-    from h3kernels._runtime import compiler
+    from h3kernels._runtime import targets
     from h3kernels.cli import FAILED, OK, write_json
     from h3kernels.peers import mma_ceiling
 
     dev = torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(dev)
-    arch = compiler.arch_for(cc)
+    arch = targets.arch_for(cc)
     name = torch.cuda.get_device_name(dev)
     print(f"GPU: {name} (compute capability {cc[0]}.{cc[1]} -> {arch})\n")
     report = dict(command="demo", device=name, arch=arch, runs="kernels", heads=HEADS, mlp=[], attention=[],

@@ -2,14 +2,14 @@
 
 Both benchmarks measure their operator against this ceiling; the tile lets tests check the
 fragment layout and that every mma form gives the same sums."""
-from h3kernels._runtime import compiler
+from h3kernels._runtime import compiler, targets
 
 CHAINS = 8  # as in cuda_src/mma_ceiling.cu
 FLOP_PER_MMA = 2 * 16 * 8 * 32
 
 
 def supported_forms(device_id=0):
-    return compiler.MMA_FORMS[compiler.arch_for(compiler.device_cc(device_id))]
+    return targets.MMA_FORMS[targets.arch_for(targets.device_cc(device_id))]
 
 
 def mma_tile(a, b, form=0):
@@ -31,7 +31,7 @@ def measure_tflops(device_id=0, form=0, iters=4096, reps=10):
     from h3kernels.timing import median_ms
 
     with cupy.cuda.Device(device_id):
-        sms = compiler.device_properties(device_id)["multiProcessorCount"]
+        sms = targets.device_properties(device_id)["multiProcessorCount"]
         blocks, threads = sms * 8, 128
         sink = cupy.zeros(blocks * threads, dtype=cupy.float32)
         f = compiler.get_function("mma_ceiling", "h3_mma_ceiling", device_id, {"H3_MMA_FORM": form})
