@@ -122,6 +122,7 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
 def workspace_bytes(device=None):
     """Device bytes h3kernels holds between calls on `device` (an int, 'cuda:N', a torch.device
     or a CuPy Device; None: the current device). A call's scratch comes from the caller's own
-    allocator and goes back to it, so this is 0 but for the scratch that CUDA graphs captured
-    from CuPy calls point at (kept for the life of the process)."""
+    allocator and goes back to it, so this counts the device's segment plans (at most 64, a
+    few hundred KB each at H3's sizes) and the scratch that CUDA graphs captured from CuPy calls
+    point at (kept for the life of the process)."""
     return workspace.workspace_bytes(checks.device(device))

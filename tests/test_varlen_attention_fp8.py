@@ -425,7 +425,14 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
 
     class Plan:
         rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
+        ptrs = (11, 12, 13, 14)
 
+    class Plans:
+        def take(self, key, build, capturing, advice):
+            return Plan
+
+        def release(self, plan, stream_ptr, capturing, launched=True):
+            released.append(launched)
 
     class Kernel:
         def grid_cap(self, threads):
@@ -438,9 +445,10 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
     class Call:
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
-    launched, loaded = [], []
-    monkeypatch.setattr(workspace, "scratch", lambda call, key, build, size, advice: (
-        Plan.rows, None, 0, None) if size(Plan.rows) is None else (Plan.rows, "scratch", base, (11, 12, 13, 14)))
+    launched, loaded, released = [], [], []
+    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
+    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes: "scratch")
+    monkeypatch.setattr(L, "data_ptr", lambda a: base if isinstance(a, str) else a.data_ptr())
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_120a")
     monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
@@ -457,6 +465,7 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
                       14)
     Plan.rows = (0, 1, 0, 2)
     assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) is None
+    assert released == [True, False]  # the plan given back after each call, its use recorded where launched
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -818,6 +827,7 @@ def test_two_streams_at_once_match_serial_runs(seed):
              make_attention_inputs([129, 2500], 8, device="cuda", seed=seed + 1)]
     serial = [run_op(q, k, v, cu_dev, cu) for q, k, v, cu_dev, cu in cases]
     torch.cuda.synchronize()
+    plans = h3kernels.workspace_bytes()  # the two plans, on the device
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     outs = [poisoned_like(c[0]) for c in cases]
     torch.cuda.synchronize()
@@ -828,7 +838,7 @@ def test_two_streams_at_once_match_serial_runs(seed):
     torch.cuda.synchronize()
     for out, want in zip(outs, serial):
         assert same_bits(out, want)
-    assert h3kernels.workspace_bytes() == 0  # each call's scratch went back to torch's allocator
+    assert h3kernels.workspace_bytes() == plans  # each call's scratch went back to torch's allocator
 
 
 def _device_cu(values):

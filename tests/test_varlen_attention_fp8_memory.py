@@ -1,6 +1,7 @@
 """The attention's memory model (h3kernels/_runtime/workspace.py): a call's scratch comes from
 the caller's allocator on the caller's stream and goes back to it, so calls on many streams, from
-many threads, hold nothing of ours afterwards; the results are the serial call's bits."""
+many threads, hold nothing of ours afterwards but the device's segment plans (one here, bounded
+per device); the results are the serial call's bits."""
 import types
 
 import numpy as np
@@ -16,51 +17,65 @@ from h3kernels.testing.threads import run_threads
 
 @pytest.fixture
 def host_only(monkeypatch):
-    """The plan cache without a GPU: pinned memory as host bytes, copies and events recorded
+    """The plan cache without a GPU: device memory as host bytes, copies and events recorded
     (an event is done once `finish` says so)."""
     import cupy
     from cupy_backends.cuda.api import runtime
 
-    copies, events = [], []
+    copies, events, synced = [], [], []
 
     class Event:
         def __init__(self, **kw):
             self.ptr, self.done = len(events), False
             events.append(self)
 
-    class Pinned(bytearray):
-        ptr = 0
+    class Memory(bytearray):
+        ptr = 1 << 20
 
-    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", lambda n: Pinned(n))
+    class Stream:
+        ptr = 7
+
+        def __init__(self, **kw):
+            pass
+
+        def synchronize(self):
+            synced.append(len(copies))
+
+    monkeypatch.setattr(cupy.cuda, "alloc", lambda n: Memory(n))
+    monkeypatch.setattr(cupy.cuda, "Stream", Stream)
     monkeypatch.setattr(cupy.cuda, "Event", Event)
     monkeypatch.setattr(runtime, "memcpyAsync", lambda dst, src, n, kind, stream: copies.append((dst, n, stream)))
     monkeypatch.setattr(runtime, "eventRecord", lambda event, stream: setattr(events[event], "done", False))
     monkeypatch.setattr(workspace, "PLANS_PER_DEVICE", 3)
-    return types.SimpleNamespace(copies=copies, events=events, finish=lambda: [setattr(e, "done", True)
-                                                                               for e in events])
+    return types.SimpleNamespace(copies=copies, events=events, synced=synced,
+                                 finish=lambda: [setattr(e, "done", True) for e in events])
 
 
-def test_plans_are_bounded_and_freed_once_idle_without_waiting(host_only):
+def test_plans_are_copied_once_bounded_and_freed_once_idle_without_waiting(host_only):
     cache = workspace.PlanCache()
     plan = lambda i: (np.arange(i + 1, dtype=np.int32), np.zeros(2, np.int64))  # noqa: E731
     taken = [cache.take(i, lambda i=i: plan(i), False, "advice") for i in range(5)]
+    assert host_only.copies == [(1 << 20, 512, 7)] * 5 and host_only.synced == [1, 2, 3, 4, 5]  # each once, waited
     assert list(cache.plans) == [2, 3, 4] and cache.retired == taken[:2]  # evicted while taken
-    assert taken[4].rows == (5, 2) and taken[4].offsets == (0, 256) and taken[4].nbytes == 512
-    cache.copy(taken[0], 1 << 20, 7, False)
-    cache.give_back(taken[1])
-    assert host_only.copies == [(1 << 20, 512, 7)] and taken[0].users == 0 and not taken[0].idle()
-    cache.take(5, lambda: plan(5), False, "advice")  # taken[1] is idle: freed; taken[0]'s copy runs on
+    assert taken[4].rows == (5, 2) and taken[4].ptrs == (1 << 20, (1 << 20) + 256) and taken[4].nbytes == 512
+    assert cache.take(4, None, False, "advice") is taken[4] and len(host_only.copies) == 5  # no copy per call
+    cache.release(taken[4], 9, False)
+    cache.release(taken[0], 9, False)
+    cache.release(taken[1], 9, False, launched=False)
+    assert taken[0].users == 0 and not taken[0].idle() and taken[1].idle()
+    cache.take(5, lambda: plan(5), False, "advice")  # taken[1] is idle: freed; taken[0]'s launches run on
     assert cache.retired == [taken[0], taken[2]]
+    assert cache.nbytes() == 5 * 512  # three cached, two retired
     host_only.finish()
     cache.take(6, lambda: plan(6), False, "advice")
     assert cache.retired == [taken[2], taken[3]]  # still taken, both
     assert cache.take(6, None, True, "advice") is cache.plans[6]  # an existing plan under capture
     with pytest.raises(RuntimeError, match="advice"):
         cache.take(7, lambda: plan(7), True, "advice")  # a new one would need building
-    cache.copy(cache.plans[6], 1 << 21, 9, True)
+    cache.release(cache.plans[6], 9, True)
     assert cache.plans[6].captured and not cache.plans[6].idle()
     for i in range(8, 12):  # a captured plan is never evicted
-        cache.give_back(cache.take(i, lambda i=i: plan(i), False, "advice"))
+        cache.release(cache.take(i, lambda i=i: plan(i), False, "advice"), 9, False, launched=False)
     assert 6 in cache.plans and len(cache.plans) == 3
 
 
@@ -80,7 +95,8 @@ def test_calls_on_sixty_fresh_streams_hold_no_memory_afterwards(seed):
     want = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
     out = torch.empty_like(args[0])
     need = one_call_bytes(args, out)
-    assert need > 0
+    plans = h3kernels.workspace_bytes()  # the one plan of these segments, on the device
+    assert 0 < plans < 1 << 20 < need
     torch.cuda.empty_cache()
     allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     for _ in range(60):
@@ -92,7 +108,7 @@ def test_calls_on_sixty_fresh_streams_hold_no_memory_afterwards(seed):
         assert same_bits(got, want)
         del got, s
     torch.cuda.synchronize()
-    assert h3kernels.workspace_bytes() == 0
+    assert h3kernels.workspace_bytes() == plans
     assert torch.cuda.memory_allocated() - allocated <= 1.5 * need
     torch.cuda.empty_cache()  # the allocator's cache of the streams' blocks is the caller's to release
     assert torch.cuda.memory_reserved() - reserved <= 1.5 * need
@@ -103,6 +119,7 @@ def test_calls_from_eight_threads_with_their_own_streams(seed):
     args = make_attention_inputs([4096, 4096], 56, device="cuda", seed=seed)
     want = h3kernels.minimax_h3_varlen_attention_fp8(*args[:4], cu_seqlens_host=args[4])
     need = one_call_bytes(args, torch.empty_like(args[0]))
+    plans = h3kernels.workspace_bytes()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     allocated = torch.cuda.memory_allocated()
@@ -120,7 +137,7 @@ def test_calls_from_eight_threads_with_their_own_streams(seed):
     errors = run_threads(work, 8)
     assert not errors and not bad, (errors, bad)
     torch.cuda.synchronize()
-    assert h3kernels.workspace_bytes() == 0
+    assert h3kernels.workspace_bytes() == plans
     assert torch.cuda.memory_allocated() - allocated <= 1.5 * need
 
 
@@ -133,6 +150,7 @@ def test_cupy_calls_on_fresh_streams_give_their_scratch_back(seed):
     cq, ck, cv, ccu = bits(q), bits(k), bits(v), cupy.from_dlpack(cu_dev)
     torch.cuda.synchronize()
     pool = cupy.get_default_memory_pool()
+    plans = h3kernels.workspace_bytes()
     for i in range(20):
         with cupy.cuda.Stream(non_blocking=True) as s:
             got = h3kernels.minimax_h3_varlen_attention_fp8(cq, ck, cv, ccu, cu_seqlens_host=cu)
@@ -142,4 +160,4 @@ def test_cupy_calls_on_fresh_streams_give_their_scratch_back(seed):
         del got
         if i == 0:
             first = used
-    assert pool.used_bytes() <= first and h3kernels.workspace_bytes() == 0
+    assert pool.used_bytes() <= first and h3kernels.workspace_bytes() == plans

@@ -5,8 +5,8 @@ family (form 3) the Hopper kernel of cuda_src/varlen_attention_fp8_sm90a.cu
 (varlen_attention_fp8_sm90a.py).
 
 Scratch (h3kernels/_runtime/workspace.py): one buffer per call from the caller's allocator on
-its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums, and
-the call's segment plan copied in from pinned host memory.
+its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums. The
+segment plan is the device's copy, built once per plan (workspace.PlanCache).
 """
 import dataclasses
 import functools
@@ -212,39 +212,47 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
 
 def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale,
             keep=None):
-    """What run and run_partial share: the plan make_plan() gives (built once per key on the
-    host), the call's scratch laid out for ws_tokens tokens with the plan copied in, the passes
+    """What run and run_partial share: the device plan make_plan() gives (built once per key on
+    the host), the call's scratch laid out for ws_tokens tokens, the passes
     `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
     AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
     the scratch's own (which the passes fill). Returns the attention kernel's LaunchRecord; the
     scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
-    size = lambda rows: _offsets(ws_tokens, heads, segments, rows[2])[1] if rows[0] else None  # noqa: E731
-    rows, held, base, ptrs = workspace.scratch(call, plan_key, make_plan, size, CAPTURE_ADVICE)
-    if held is None:  # no tiles
-        return None
-    n_tiles, _, n, _ = rows
-    tiles, block_offset, blocks, q_bounds = ptrs
-    stream = call.stream_ptr
-    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _), _ = _offsets(ws_tokens, heads, segments, n)
-    if keep is not None:
-        keep.append(held)
-    for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
-        kern.launch(stream, grid, threads, values)
-    s_v = base + o_sv if s_v is None else s_v
-    mu = base + o_mu if mu is None else mu
-    lse_ptr = 0 if lse is None else data_ptr(lse)
-    tokens = int(q.shape[0])
-    if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
-        map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
-                                          n * K_BLOCK)
-        values = hopper.PARAMS(
-            map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
-            s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
-            scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
-            q_bounds=q_bounds)
-        return hopper.launch(call, n_tiles, build, values)
-    f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
-    return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
-                    (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
-                     base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
-                     data_ptr(q), mu, tokens, scale, q_bounds))
+    plans = workspace.plans(call.device_id)
+    capturing = call.capturing
+    held_plan = plans.take(plan_key, make_plan, capturing, CAPTURE_ADVICE)
+    launched = False
+    try:
+        n_tiles, _, n, _ = held_plan.rows
+        if not n_tiles:
+            return None
+        tiles, block_offset, blocks, q_bounds = held_plan.ptrs
+        offsets, size = _offsets(ws_tokens, heads, segments, n)
+        held = workspace.scratch(call, size)
+        if keep is not None:
+            keep += [held, held_plan]
+        base, stream = data_ptr(held), call.stream_ptr
+        o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _ = offsets
+        launched = True
+        for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
+            kern.launch(stream, grid, threads, values)
+        s_v = base + o_sv if s_v is None else s_v
+        mu = base + o_mu if mu is None else mu
+        lse_ptr = 0 if lse is None else data_ptr(lse)
+        tokens = int(q.shape[0])
+        if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
+            map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
+                                              n * K_BLOCK)
+            values = hopper.PARAMS(
+                map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
+                s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
+                scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
+                q_bounds=q_bounds)
+            return hopper.launch(call, n_tiles, build, values)
+        f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
+        return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
+                        (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
+                         base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
+                         data_ptr(q), mu, tokens, scale, q_bounds))
+    finally:
+        plans.release(held_plan, call.stream_ptr, capturing, launched)
