@@ -216,3 +216,30 @@ def array_kind(request):
     if request.param == "cupy":
         pytest.importorskip("cupy")
     return ArrayKind(request.param)
+
+
+@pytest.fixture
+def stand_in_plan(monkeypatch):
+    """The attention's launch layer without a GPU: set(rows) makes every call take a stand-in
+    segment plan of those rows (its arrays at addresses 11 .. 14) and a scratch at 1 << 30;
+    `released` lists each release's `launched`."""
+    import types
+
+    from h3kernels._launch import varlen_attention_fp8 as L
+    from h3kernels._runtime import workspace
+
+    state = types.SimpleNamespace(plan=types.SimpleNamespace(rows=None, ptrs=(11, 12, 13, 14)), released=[],
+                                  base=1 << 30)
+
+    class Plans:
+        def take(self, key, build, capturing, advice):
+            return state.plan
+
+        def release(self, plan, stream_ptr, capturing, launched=True):
+            state.released.append(launched)
+
+    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
+    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes: "scratch")
+    monkeypatch.setattr(L, "data_ptr", lambda a: state.base if isinstance(a, str) else a.data_ptr())
+    state.set = lambda rows: setattr(state.plan, "rows", rows)
+    return state

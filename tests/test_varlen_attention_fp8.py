@@ -18,7 +18,6 @@ import h3kernels
 from h3kernels import reference as R
 from h3kernels import varlen_attention_fp8 as A
 from h3kernels._launch import varlen_attention_fp8 as L
-from h3kernels._runtime import workspace
 from h3kernels._launch import varlen_attention_fp8_plan as P
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
 from h3kernels.testing.checks import attention_misses, exact_attention, reference_rows, rel_l2, same_bits
@@ -414,25 +413,15 @@ def test_mma_sync_builds_are_values_one_per_form_of_the_arch():
     assert L.AttentionBuild("sm_89").dynamic_smem(L.KERNEL) == L.SMEM_BYTES and L.ARCHS == ("sm_120a", "sm_90", "sm_89")
 
 
-def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
+def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch, stand_in_plan):
     """Form 0 through the launch layer with stand-in scratch: the call's build through the one
     loader, a grid of at most the kernel's cap, the parameters in the kernel's order; run()
     returns the launch's record, None when the plan has no tiles."""
     from h3kernels._runtime import compiler, targets
 
-    cu, heads, base = (0, 300, 300, 429), 2, 1 << 30
+    cu, heads, base = (0, 300, 300, 429), 2, stand_in_plan.base
     tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
-
-    class Plan:
-        rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
-        ptrs = (11, 12, 13, 14)
-
-    class Plans:
-        def take(self, key, build, capturing, advice):
-            return Plan
-
-        def release(self, plan, stream_ptr, capturing, launched=True):
-            released.append(launched)
+    stand_in_plan.set((len(tiles), len(block_offset), len(blocks), len(q_bounds)))
 
     class Kernel:
         def grid_cap(self, threads):
@@ -445,10 +434,7 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
     class Call:
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
-    launched, loaded, released = [], [], []
-    monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
-    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes: "scratch")
-    monkeypatch.setattr(L, "data_ptr", lambda a: base if isinstance(a, str) else a.data_ptr())
+    launched, loaded = [], []
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_120a")
     monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
@@ -463,9 +449,9 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch):
                       base + parts["s_k"][0], base + parts["v8t"][0], base + parts["s_v"][0], out.data_ptr(), heads,
                       len(blocks) * K_BLOCK, 0.125 * L.LOG2E, 0, q.data_ptr(), base + parts["mu"][0], cu[-1], 0.125,
                       14)
-    Plan.rows = (0, 1, 0, 2)
+    stand_in_plan.set((0, 1, 0, 2))
     assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) is None
-    assert released == [True, False]  # the plan given back after each call, its use recorded where launched
+    assert stand_in_plan.released == [True, False]  # the plan given back after each call, its use recorded where launched
 
 
 # --- validation ---------------------------------------------------------------------------------

@@ -368,29 +368,23 @@ def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
     assert (got[:, 2, 7] == 0).all()
 
 
-def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch):
+def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch, stand_in_plan):
     """Form 3 through the launch layer with stand-in scratch: the same passes and plan as form
     0, then one launch of the exact-l build when the call wants the lse (else the plain one),
     its struct's maps covering the workspace's q8, k8 (heads * 128 bytes per token) and v8t
     (v_pitch bytes per channel row), every field named; run() returns the launch's record."""
     from h3kernels._launch import varlen_attention_fp8_plan as P
-    from h3kernels._runtime import workspace
     from h3kernels.constants import HEAD_DIM, K_BLOCK
 
     cu, heads = (0, 300, 300, 429), 2
     tiles, block_offset, blocks, q_bounds = P.plan_arrays(cu, heads)
-    base = 1 << 30
-
-    class Plan:
-        rows = (len(tiles), len(block_offset), len(blocks), len(q_bounds))
-
+    base = stand_in_plan.base
+    stand_in_plan.set((len(tiles), len(block_offset), len(blocks), len(q_bounds)))
 
     class Call:
         device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
     launched = []
-    monkeypatch.setattr(workspace, "scratch", lambda call, key, build, size, advice: (
-        Plan.rows, None, 0, None) if size(Plan.rows) is None else (Plan.rows, "scratch", base, (11, 12, 13, 14)))
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
     monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")
