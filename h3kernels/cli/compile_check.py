@@ -10,7 +10,6 @@ same CUDA major release: one of another major reads them wrongly or not at all, 
 refused (exit 3) before anything compiles.
 """
 import collections
-import json
 import os
 import re
 import shutil
@@ -22,7 +21,8 @@ from pathlib import Path
 
 from h3kernels._launch.sources import archs_for, builds_for, label
 from h3kernels._runtime import compiler, targets
-from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
+from h3kernels.cli.output import finish
+from h3kernels.cli.status import MissingNeed, UsageError
 
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
 SMEM_LIMIT = {"sm_90a": 227 * 1024}  # sm_90a-only sources: the H100/H200 block limit, 232448 bytes; others: SM120
@@ -231,9 +231,7 @@ def run(args):
     """The subcommand on parsed arguments; UsageError (exit 2) and MissingNeed (exit 3) propagate
     to h3kernels.cli.main, which reports them in one line."""
     report = check(tuple(args.arch or ("sm_120a", "sm_90")), args.names, sass=args.sass)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    return OK if report["ok"] else FAILED
+    return finish(args.json, report, report["ok"])
 
 
 def main(argv=None):
