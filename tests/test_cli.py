@@ -312,3 +312,13 @@ def test_a_failed_check_writes_its_json_with_the_status(tmp_path, monkeypatch):
     doc = json.loads(path.read_text())
     assert (doc["command"], doc["ok"], doc["status"], doc["exit"]) == ("compile_check", False, "failed", 1)
     assert doc["failures"] and doc["kernels"]
+
+
+@pytest.mark.parametrize("args", [["info", "--bogus"], ["demo", "--rows", "8", "--bogus", "1"],
+                                  ["compile_check", "mma_ceiling", "--bogus"]], ids=lambda a: " ".join(a))
+def test_a_commands_stray_argument_shows_that_commands_usage(args):
+    out = cli(*args)
+    assert_usage_error(out)
+    stray = " ".join(args[args.index("--bogus"):])
+    assert out.stderr.splitlines()[0].startswith(f"usage: python -m h3kernels {args[0]} ")
+    assert out.stderr.splitlines()[-1] == f"python -m h3kernels {args[0]}: error: unrecognized arguments: {stray}"

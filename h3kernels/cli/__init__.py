@@ -131,7 +131,7 @@ def parser():
     def command(name, fn, help):
         c = sub.add_parser(name, help=help, description=help, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        c.set_defaults(fn=fn)
+        c.set_defaults(fn=fn, command_parser=c)  # main() reports a command's stray arguments with its usage
         return c
 
     def json_option(c):
@@ -167,6 +167,16 @@ def parser():
     return p
 
 
+def parse(p, argv):
+    """The parsed arguments; SystemExit from argparse after it printed a usage error (or --help).
+    Arguments no option takes are reported by the command's own parser, with its usage: the
+    top-level parser would show the top-level one."""
+    args, stray = p.parse_known_args(argv)
+    if stray:
+        (args.command_parser if args.cmd else p).error(f"unrecognized arguments: {' '.join(stray)}")
+    return args
+
+
 def run(args):
     """The command on parsed arguments: its output paths checked first, then its work; returns
     its exit status. Bad usage raises UsageError; a missing need writes the --json document that
@@ -184,7 +194,7 @@ def main(argv=None):
     """Runs one command; returns its exit status (see EPILOG)."""
     p = parser()
     try:
-        args = p.parse_args(argv)
+        args = parse(p, argv)
     except SystemExit as stop:  # argparse: --help (0) or bad usage (2), already printed
         return stop.code if isinstance(stop.code, int) else USAGE
     if args.cmd is None:
