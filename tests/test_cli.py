@@ -322,3 +322,74 @@ def test_a_commands_stray_argument_shows_that_commands_usage(args):
     stray = " ".join(args[args.index("--bogus"):])
     assert out.stderr.splitlines()[0].startswith(f"usage: python -m h3kernels {args[0]} ")
     assert out.stderr.splitlines()[-1] == f"python -m h3kernels {args[0]}: error: unrecognized arguments: {stray}"
+
+
+# --- compile_check --arch: each arch asked for holds for every source, or the command says which not ---
+
+def fake_compile(calls):
+    """compiler.compile_cubin's stand-in: one kernel, its ptxas report, no NVRTC run."""
+    def compile_cubin(name, arch, defines, extra=(), use_cache=True, appended=""):
+        calls.append((name, arch))
+        return b"", f"ptxas info : Compiling entry function 'k' for '{arch}'\nptxas info : Used 32 registers", ""
+    return compile_cubin
+
+
+def test_compile_check_refuses_an_arch_a_named_source_is_not_built_for(tmp_path):
+    path = tmp_path / "x.json"
+    out = cli("compile_check", "mlp_fp8_sm90a", "--arch", "sm_89", "--json", path)
+    assert_usage_error(out)
+    assert "mlp_fp8_sm90a is not built for sm_89 (it is built for sm_90a)" in out.stderr and not path.exists()
+
+
+def test_compile_check_names_every_named_source_not_built_for_the_arch(monkeypatch, capsys):
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import main
+
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    assert main(["compile_check", "mlp_fp8_sm90a", "mma_ceiling", "mlp_fp8", "--arch", "sm_90a"]) == 2
+    err = capsys.readouterr().err
+    assert "mma_ceiling is not built for sm_90a (it is built for sm_120a, sm_90, sm_89)" in err
+    assert "mlp_fp8 is not built for sm_90a" in err and "mlp_fp8_sm90a is not" not in err and calls == []
+    # two archs asked for: each holds for the source on its own
+    assert main(["compile_check", "mlp_fp8", "--arch", "sm_89", "--arch", "sm_90a"]) == 2 and calls == []
+    assert "mlp_fp8 is not built for sm_90a (it is built" in capsys.readouterr().err
+
+
+def test_compile_check_takes_every_arch_its_table_shows(tmp_path, monkeypatch):
+    from h3kernels._launch import sources
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import compile_check, main, parser
+
+    shown = {a for n in compiler.sources() for a in sources.archs_for(n, sources.every_arch())}
+    assert shown == set(sources.every_arch()) == {"sm_120a", "sm_90", "sm_89", "sm_90a"}
+    for arch in sources.every_arch():
+        assert parser().parse_args(["compile_check", "--arch", arch]).arch == [arch]
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    monkeypatch.setattr(compile_check, "nvrtc_version", lambda: (12, 9))
+    path = tmp_path / "x.json"
+    assert main(["compile_check", "mlp_fp8_sm90a", "--arch", "sm_90a", "--json", str(path)]) == 0
+    assert {a for _, a in calls} == {"sm_90a"} and json.loads(path.read_text())["not_built"] == []
+
+
+def test_compile_check_without_names_lists_the_sources_not_built_for_the_arch(tmp_path, monkeypatch, capsys):
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import compile_check, main
+
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    monkeypatch.setattr(compile_check, "nvrtc_version", lambda: (12, 9))
+    path = tmp_path / "x.json"
+    assert main(["compile_check", "--arch", "sm_90a", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    built = {"mlp_fp8_sm90a", "varlen_attention_fp8_sm90a", "wgmma_ceiling"}
+    assert {n for n, _ in calls} == built and {a for _, a in calls} == {"sm_90a"}
+    assert {s["source"] for s in doc["not_built"]} == set(compiler.sources()) - built
+    assert all(s["not_built_for"] == ["sm_90a"] and "sm_90a" not in s["built_for"] for s in doc["not_built"])
+    out = capsys.readouterr().out
+    assert all(f"not built for sm_90a: {s['source']} (it is built for" in out for s in doc["not_built"])
+    # the default pair holds as a pair: nothing is listed
+    calls.clear()
+    assert main(["compile_check", "--json", str(path)]) == 0 and json.loads(path.read_text())["not_built"] == []
+    assert {a for _, a in calls} == {"sm_120a", "sm_90", "sm_90a"}

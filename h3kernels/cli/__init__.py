@@ -30,7 +30,7 @@ exit status:
   {OK}  success
   {FAILED}  a check failed (a result outside its bound, a compile error, a spill)
   {USAGE}  bad usage (unknown command, option or source name, malformed or too large sizes,
-     an output path that cannot be written)
+     an --arch a named source is not built for, an output path that cannot be written)
   {MISSING}  this machine lacks what the command needs: no CUDA GPU (bench; demo and check with
      --gpu; examples/h3_block.py), or for compile_check --sass no nvdisasm of the build's
      CUDA release

@@ -4,7 +4,7 @@ the two errors that end a command early with one line on stderr."""
 OK = 0  # success
 FAILED = 1  # a check failed: a result outside its bound, a compile error, a spill
 # bad usage: an unknown command, option or name, malformed sizes, sizes too large for the CPU,
-# an output path that cannot be written
+# an --arch a named source is not built for, an output path that cannot be written
 USAGE = 2
 MISSING = 3  # this machine lacks what the command needs: a CUDA GPU, or a matching nvdisasm
 
