@@ -1,7 +1,9 @@
 """`python -m h3kernels`: the command grammar, exit statuses and the --json results, run as a user
-runs them (a subprocess from the repository root). Exit statuses: 0 success, 1 a check failed,
-2 bad usage, 3 this machine lacks what the command needs (a CUDA GPU, a matching nvdisasm)."""
+runs them (a subprocess from the repository root), or in-process where a worker is stubbed to
+show that bad usage stops before any work. Exit statuses: 0 success, 1 a check failed, 2 bad
+usage, 3 this machine lacks what the command needs (a CUDA GPU, a matching nvdisasm)."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -85,7 +87,9 @@ def test_compile_check_sass_exits_0_or_3_never_with_a_traceback(tmp_path):
     assert out.returncode in (0, 3), out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     if out.returncode == 3:
-        assert "nvdisasm" in out.stderr and not path.exists()
+        assert "nvdisasm" in out.stderr
+        doc = json.loads(path.read_text())
+        assert doc["status"] == "missing" and doc["exit"] == 3 and "nvdisasm" in doc["reason"]
         return
     doc = json.loads(path.read_text())
     assert doc["nvdisasm"]["version"].split(".")[0] == doc["nvrtc"].split(".")[0]
@@ -128,10 +132,14 @@ def test_demo_on_the_cpu_refuses_sizes_too_large_for_it(tmp_path, args):
 
 @cpu_only
 @pytest.mark.parametrize("args", [["bench"], ["demo", "--gpu"], ["check", "--gpu"]], ids=lambda a: " ".join(a))
-def test_commands_that_need_a_gpu_exit_3_without_one(args):
-    out = cli(*args)
+def test_commands_that_need_a_gpu_exit_3_without_one_and_write_why(tmp_path, args):
+    path = tmp_path / "missing.json"
+    out = cli(*args, "--json", path)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "No CUDA GPU" in out.stderr
+    doc = json.loads(path.read_text())
+    assert doc == dict(command=args[0], ok=False, status="missing", exit=3, reason=doc["reason"])
+    assert doc["reason"] in out.stderr and "No CUDA GPU" in doc["reason"]
 
 
 @pytest.mark.gpu
@@ -221,3 +229,167 @@ def test_offered_forms_put_the_default_first_and_both_families_on_sm90_only(monk
     monkeypatch.setattr(targets, "device_arch", lambda dev: arch)
     monkeypatch.setattr(targets, "board_form", lambda dev: board)
     assert targets.offered_forms("mlp", 0) == mlp and targets.offered_forms("attention", 0) == attention
+
+
+# --- bad usage stops before any work; every run that is not bad usage writes its JSON ---
+
+def stub_commands(monkeypatch):
+    """Replaces every command's work with a recorder: what main() calls after the checks."""
+    import h3kernels.cli as cli_module
+
+    called = []
+    for name in ("cmd_info", "cmd_demo", "cmd_check", "cmd_bench", "cmd_compile_check"):
+        monkeypatch.setattr(cli_module, name, lambda args, name=name: called.append(name) or 0)
+    return called
+
+
+def test_info_json_in_a_missing_directory_exits_2_at_once_in_one_line(tmp_path):
+    path = tmp_path / "no such directory" / "x.json"
+    out = cli("info", "--json", path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout == ""  # nothing reported: no work was done
+    assert out.stderr.splitlines() == [f"python -m h3kernels info: error: --json {str(path)!r} cannot be written: "
+                                       f"its directory {str(path.parent)!r} does not exist"]
+    assert not path.parent.exists()
+
+
+@pytest.mark.parametrize("where", ["missing directory", "a directory", "under a file", "trailing slash", "empty"])
+@pytest.mark.parametrize("args", [["info"], ["demo"], ["check", "--gpu"], ["bench"], ["bench", "--csv"],
+                                  ["compile_check", "mma_ceiling"]], ids=lambda a: " ".join(a))
+def test_an_output_path_that_cannot_be_written_is_bad_usage_before_any_work(tmp_path, monkeypatch, capsys, args,
+                                                                             where):
+    from h3kernels.cli import main
+
+    called = stub_commands(monkeypatch)
+    (tmp_path / "file").write_text("kept")
+    path = {"missing directory": tmp_path / "no" / "x.json", "a directory": tmp_path,
+            "under a file": tmp_path / "file" / "x.json", "trailing slash": f"{tmp_path / 'new'}/",
+            "empty": ""}[where]
+    option = args[-1] if args[-1].startswith("--") and args[-1] != "--gpu" else "--json"
+    argv = [a for a in args if a != option] + [option, str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert called == [] and len(err) == 1 and f"error: {option} " in err[0] and str(path) in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "kept"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="file modes bind only a non-root POSIX user")
+@pytest.mark.parametrize("existing", [False, True], ids=["new file", "read-only file"])
+def test_an_output_path_without_write_permission_is_bad_usage(tmp_path, monkeypatch, capsys, existing):
+    from h3kernels.cli import main
+
+    called = stub_commands(monkeypatch)
+    path = tmp_path / "x.json"
+    if existing:
+        path.write_text("kept")
+        path.chmod(0o444)
+    else:
+        tmp_path.chmod(0o555)
+    try:
+        assert main(["info", "--json", str(path)]) == 2
+    finally:
+        tmp_path.chmod(0o755)
+    assert called == [] and "no permission" in capsys.readouterr().err
+    assert path.read_text() == "kept" if existing else not path.exists()
+
+
+def test_a_writable_output_path_runs_the_command(tmp_path, monkeypatch):
+    from h3kernels.cli import main
+
+    called = stub_commands(monkeypatch)
+    path = tmp_path / "x.json"
+    path.write_text("an earlier run's")
+    assert main(["info", "--json", str(path)]) == 0 and called == ["cmd_info"]
+
+
+def test_a_failed_check_writes_its_json_with_the_status(tmp_path, monkeypatch):
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import main
+
+    monkeypatch.setattr(compiler.PlainBuild, "dynamic_smem", lambda build, kernel: 1 << 20)
+    path = tmp_path / "failed.json"
+    assert main(["compile_check", "fp8_convert", "--arch", "sm_90", "--json", str(path)]) == 1
+    doc = json.loads(path.read_text())
+    assert (doc["command"], doc["ok"], doc["status"], doc["exit"]) == ("compile_check", False, "failed", 1)
+    assert doc["failures"] and doc["kernels"]
+
+
+@pytest.mark.parametrize("args", [["info", "--bogus"], ["demo", "--rows", "8", "--bogus", "1"],
+                                  ["compile_check", "mma_ceiling", "--bogus"]], ids=lambda a: " ".join(a))
+def test_a_commands_stray_argument_shows_that_commands_usage(args):
+    out = cli(*args)
+    assert_usage_error(out)
+    stray = " ".join(args[args.index("--bogus"):])
+    assert out.stderr.splitlines()[0].startswith(f"usage: python -m h3kernels {args[0]} ")
+    assert out.stderr.splitlines()[-1] == f"python -m h3kernels {args[0]}: error: unrecognized arguments: {stray}"
+
+
+# --- compile_check --arch: each arch asked for holds for every source, or the command says which not ---
+
+def fake_compile(calls):
+    """compiler.compile_cubin's stand-in: one kernel, its ptxas report, no NVRTC run."""
+    def compile_cubin(name, arch, defines, extra=(), use_cache=True, appended=""):
+        calls.append((name, arch))
+        return b"", f"ptxas info : Compiling entry function 'k' for '{arch}'\nptxas info : Used 32 registers", ""
+    return compile_cubin
+
+
+def test_compile_check_refuses_an_arch_a_named_source_is_not_built_for(tmp_path):
+    path = tmp_path / "x.json"
+    out = cli("compile_check", "mlp_fp8_sm90a", "--arch", "sm_89", "--json", path)
+    assert_usage_error(out)
+    assert "mlp_fp8_sm90a is not built for sm_89 (it is built for sm_90a)" in out.stderr and not path.exists()
+
+
+def test_compile_check_names_every_named_source_not_built_for_the_arch(monkeypatch, capsys):
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import main
+
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    assert main(["compile_check", "mlp_fp8_sm90a", "mma_ceiling", "mlp_fp8", "--arch", "sm_90a"]) == 2
+    err = capsys.readouterr().err
+    assert "mma_ceiling is not built for sm_90a (it is built for sm_120a, sm_90, sm_89)" in err
+    assert "mlp_fp8 is not built for sm_90a" in err and "mlp_fp8_sm90a is not" not in err and calls == []
+    # two archs asked for: each holds for the source on its own
+    assert main(["compile_check", "mlp_fp8", "--arch", "sm_89", "--arch", "sm_90a"]) == 2 and calls == []
+    assert "mlp_fp8 is not built for sm_90a (it is built" in capsys.readouterr().err
+
+
+def test_compile_check_takes_every_arch_its_table_shows(tmp_path, monkeypatch):
+    from h3kernels._launch import sources
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import compile_check, main, parser
+
+    shown = {a for n in compiler.sources() for a in sources.archs_for(n, sources.every_arch())}
+    assert shown == set(sources.every_arch()) == {"sm_120a", "sm_90", "sm_89", "sm_90a"}
+    for arch in sources.every_arch():
+        assert parser().parse_args(["compile_check", "--arch", arch]).arch == [arch]
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    monkeypatch.setattr(compile_check, "nvrtc_version", lambda: (12, 9))
+    path = tmp_path / "x.json"
+    assert main(["compile_check", "mlp_fp8_sm90a", "--arch", "sm_90a", "--json", str(path)]) == 0
+    assert {a for _, a in calls} == {"sm_90a"} and json.loads(path.read_text())["not_built"] == []
+
+
+def test_compile_check_without_names_lists_the_sources_not_built_for_the_arch(tmp_path, monkeypatch, capsys):
+    from h3kernels._runtime import compiler
+    from h3kernels.cli import compile_check, main
+
+    calls = []
+    monkeypatch.setattr(compiler, "compile_cubin", fake_compile(calls))
+    monkeypatch.setattr(compile_check, "nvrtc_version", lambda: (12, 9))
+    path = tmp_path / "x.json"
+    assert main(["compile_check", "--arch", "sm_90a", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    built = {"mlp_fp8_sm90a", "varlen_attention_fp8_sm90a", "wgmma_ceiling"}
+    assert {n for n, _ in calls} == built and {a for _, a in calls} == {"sm_90a"}
+    assert {s["source"] for s in doc["not_built"]} == set(compiler.sources()) - built
+    assert all(s["not_built_for"] == ["sm_90a"] and "sm_90a" not in s["built_for"] for s in doc["not_built"])
+    out = capsys.readouterr().out
+    assert all(f"not built for sm_90a: {s['source']} (it is built for" in out for s in doc["not_built"])
+    # the default pair holds as a pair: nothing is listed
+    calls.clear()
+    assert main(["compile_check", "--json", str(path)]) == 0 and json.loads(path.read_text())["not_built"] == []
+    assert {a for _, a in calls} == {"sm_120a", "sm_90", "sm_90a"}

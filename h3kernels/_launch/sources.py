@@ -22,6 +22,12 @@ def archs_for(source, default):
     return tuple(a for a in module.ARCHS if a in default or a.rstrip("a") in default)
 
 
+def every_arch():
+    """Every arch a source is built for, so every arch compile_check's table can show: the
+    mma.sync archs (targets.MMA_FORMS) and those of the launch modules (sm_90a)."""
+    return tuple(dict.fromkeys([*targets.MMA_FORMS, *(a for m in _MODULES.values() for a in m.ARCHS)]))
+
+
 def builds_for(source, arch, uses_mma):
     """The builds of cuda_src/<source>.cu that ship for `arch` (build values; see the module
     docstring). uses_mma: whether the source issues an mma (for sources without a launch module:

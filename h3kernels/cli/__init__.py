@@ -1,18 +1,14 @@
 """python -m h3kernels {info,demo,check,bench,compile_check}: the command line."""
 import argparse
-import json
 import sys
-from pathlib import Path
 
+from h3kernels.cli.output import PATH_OPTIONS, check_writable, finish, finish_missing
 from h3kernels.cli.sizes import positive_rows, segment_set
+from h3kernels.cli.status import FAILED, MISSING, OK, USAGE, MissingNeed, UsageError
 
 PROG = "python -m h3kernels"
-
-# Exit statuses, the same for every command (and examples/h3_block.py).
-OK = 0  # success
-FAILED = 1  # a check failed: a result outside its bound, a compile error, a spill
-USAGE = 2  # bad usage: unknown command, option or name, malformed sizes, sizes too large for the CPU
-MISSING = 3  # this machine lacks what the command needs: a CUDA GPU, or a matching nvdisasm
+# The exit statuses, the same for every command (and examples/h3_block.py), are those of
+# h3kernels.cli.status: OK 0, FAILED 1, USAGE 2, MISSING 3 (EPILOG says what each means).
 
 EPILOG = f"""\
 segment sets (demo, bench):
@@ -24,10 +20,17 @@ without a GPU:
   segment lengths of 2 x 1024^2; larger sizes exit 2), check runs the Numba kernels in the
   CUDA simulator; both exit 3 instead with --gpu. bench exits 3.
 
+--json PATH (every command), --csv PATH (bench):
+  checked before any work: a path that cannot be written (no such directory, a directory,
+  no permission) is bad usage (exit 2), which writes nothing. The JSON is written also
+  when the command exits 1 or 3: "status" (ok, failed, missing) and "exit" say how it
+  ended, and on exit 3 "reason" says what this machine lacks.
+
 exit status:
   {OK}  success
   {FAILED}  a check failed (a result outside its bound, a compile error, a spill)
-  {USAGE}  bad usage (unknown command, option or source name, malformed or too large sizes)
+  {USAGE}  bad usage (unknown command, option or source name, malformed or too large sizes,
+     an --arch a named source is not built for, an output path that cannot be written)
   {MISSING}  this machine lacks what the command needs: no CUDA GPU (bench; demo and check with
      --gpu; examples/h3_block.py), or for compile_check --sass no nvdisasm of the build's
      CUDA release
@@ -37,14 +40,6 @@ NO_GPU = "No CUDA GPU found (torch.cuda.is_available() is False)"
 GPU_NEED = "an sm_89, sm_90 or sm_120 GPU"
 
 
-class UsageError(ValueError):
-    """A command line that cannot run as given: one line on stderr, exit 2."""
-
-
-class MissingNeed(RuntimeError):
-    """This machine lacks what the command needs: one line on stderr, exit 3."""
-
-
 def gpu_available():
     try:
         import torch
@@ -52,11 +47,6 @@ def gpu_available():
         return torch.cuda.is_available()
     except Exception:
         return False
-
-
-def write_json(path, doc):
-    if path:
-        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def cmd_info(args):
@@ -74,8 +64,7 @@ def cmd_info(args):
         print(f"NVRTC: not loaded ({type(err).__name__}: {err})")
     if not gpu_available():
         print("GPU: none found (torch.cuda.is_available() is False)")
-        write_json(args.json, doc)
-        return OK
+        return finish(args.json, doc)
     import torch
 
     from h3kernels._runtime import targets
@@ -92,8 +81,7 @@ def cmd_info(args):
     print(f"mma forms compiled for it: {targets.MMA_FORMS[arch]} (0 legacy e4m3 mma, 2 kind::mxf8f6f4)"
           + (f", and form {targets.WGMMA_FORM} (wgmma + TMA, sm_90a)" if targets.WGMMA_FORM in forms else ""))
     print(f"chosen by fp8_mma_form=-1: MLP form {chosen}, attention form {chosen} ({targets.form_family(chosen)})")
-    write_json(args.json, doc)
-    return OK
+    return finish(args.json, doc)
 
 
 def require_gpu_or_fall_back(args, what):
@@ -143,7 +131,7 @@ def parser():
     def command(name, fn, help):
         c = sub.add_parser(name, help=help, description=help, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        c.set_defaults(fn=fn)
+        c.set_defaults(fn=fn, command_parser=c)  # main() reports a command's stray arguments with its usage
         return c
 
     def json_option(c):
@@ -179,11 +167,34 @@ def parser():
     return p
 
 
+def parse(p, argv):
+    """The parsed arguments; SystemExit from argparse after it printed a usage error (or --help).
+    Arguments no option takes are reported by the command's own parser, with its usage: the
+    top-level parser would show the top-level one."""
+    args, stray = p.parse_known_args(argv)
+    if stray:
+        (args.command_parser if args.cmd else p).error(f"unrecognized arguments: {' '.join(stray)}")
+    return args
+
+
+def run(args):
+    """The command on parsed arguments: its output paths checked first, then its work; returns
+    its exit status. Bad usage raises UsageError; a missing need writes the --json document that
+    says so, then raises MissingNeed."""
+    for option in PATH_OPTIONS:
+        check_writable(f"--{option}", getattr(args, option, None))
+    try:
+        return args.fn(args)
+    except MissingNeed as err:
+        finish_missing(args.json, args.cmd, str(err))
+        raise
+
+
 def main(argv=None):
     """Runs one command; returns its exit status (see EPILOG)."""
     p = parser()
     try:
-        args = p.parse_args(argv)
+        args = parse(p, argv)
     except SystemExit as stop:  # argparse: --help (0) or bad usage (2), already printed
         return stop.code if isinstance(stop.code, int) else USAGE
     if args.cmd is None:
@@ -191,7 +202,7 @@ def main(argv=None):
         print(f"\n{PROG}: error: no command given; choose one of the commands above", file=sys.stderr)
         return USAGE
     try:
-        return args.fn(args)
+        return run(args)
     except UsageError as err:
         print(f"{PROG} {args.cmd}: error: {err}", file=sys.stderr)
         return USAGE

@@ -18,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from h3kernels.cli.output import finish
 from h3kernels.cli.sizes import set_name
+from h3kernels.cli.status import OK
 
 RECORDED = "perf_h200.json"
 
@@ -168,13 +170,12 @@ def run(args):
         # family's, and each row carries that of its own form
         top = max((c for c in ceilings.values() if c), default=None)
         families = [dict(form=form, family=form_family(form), tflops=c) for form, c in ceilings.items()]
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
-                           ceiling_tflops=top, ceilings=families, rows=rows), f, indent=1)
+        finish(args.json, dict(command="bench", device=torch.cuda.get_device_name(dev),
+                               date=time.strftime("%Y-%m-%d"), ceiling_tflops=top, ceilings=families, rows=rows))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             # every row's fields (only attention rows have a second peer), blank where a row has none
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
             w.writeheader()
             w.writerows(rows)
-    return 0
+    return OK

@@ -48,7 +48,7 @@ def run_simulator():
 
 
 def run(gpu, json_path=None):
-    from h3kernels.cli import FAILED, OK, write_json
+    from h3kernels.cli.output import finish
 
     if gpu:
         results = run_gpu()
@@ -59,7 +59,6 @@ def run(gpu, json_path=None):
     print("\nacceptance:")
     for name, ok in results:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    ok = all(ok for _, ok in results)
-    write_json(json_path, dict(command="check", mode="gpu" if gpu else "simulator", ok=ok,
-                               results=[dict(name=name, ok=bool(passed)) for name, passed in results]))
-    return OK if ok else FAILED
+    return finish(json_path, dict(command="check", mode="gpu" if gpu else "simulator",
+                                  results=[dict(name=name, ok=bool(passed)) for name, passed in results]),
+                  all(ok for _, ok in results))

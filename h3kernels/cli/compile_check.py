@@ -1,6 +1,8 @@
 """`python -m h3kernels compile_check [names...] [--arch A] [--sass] [--json PATH]`: compile every
 cuda_src/*.cu (or the named ones) for sm_120a and sm_90 (a source of sm_90a instructions for
-sm_90a only), no GPU needed.
+sm_90a only), no GPU needed. An --arch asked for holds for every source: a named one not built
+for it is bad usage (exit 2), before anything compiles; without names, the sources not built for
+it are listed (table head, the JSON's "not_built") and built for the other archs asked.
 
 Prints the NVRTC version, then registers, static shared memory and spill bytes per kernel and
 mma form. Exit 1 on a compile error, on any spill, on a wgmma that ptxas serializes, or on more
@@ -10,7 +12,6 @@ same CUDA major release: one of another major reads them wrongly or not at all, 
 refused (exit 3) before anything compiles.
 """
 import collections
-import json
 import os
 import re
 import shutil
@@ -20,10 +21,12 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from h3kernels._launch.sources import archs_for, builds_for, label
-from h3kernels._runtime import compiler, targets
-from h3kernels.cli import FAILED, OK, MissingNeed, UsageError
+from h3kernels._launch.sources import archs_for, builds_for, every_arch, label
+from h3kernels._runtime import compiler
+from h3kernels.cli.output import finish
+from h3kernels.cli.status import MissingNeed, UsageError
 
+DEFAULT_ARCHS = ("sm_120a", "sm_90")
 SM120_SMEM_LIMIT = 99 * 1024  # static + dynamic shared memory an SM120 block may use: 101376 bytes
 SMEM_LIMIT = {"sm_90a": 227 * 1024}  # sm_90a-only sources: the H100/H200 block limit, 232448 bytes; others: SM120
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -65,6 +68,30 @@ def source_names(names):
         raise UsageError(f"unknown CUDA source{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"known: {', '.join(known)} (in {compiler.source_dir()})")
     return list(dict.fromkeys(stems))
+
+
+def plan(names, archs=None):
+    """What to build: ({source: the archs it is built for here}, [each source not built for
+    some arch asked for: dict(source, not_built_for, built_for)]). archs: those given with
+    --arch, each to hold for every source (sm_90 holds for an sm_90a-only source as sm_90a), or
+    None for DEFAULT_ARCHS, which hold as a pair (a source is built for those of the two it has).
+    Named sources not built for an arch asked for raise one UsageError naming them all; without
+    names, every source is built for the archs it has and the rest are returned."""
+    asked = tuple(dict.fromkeys(archs or DEFAULT_ARCHS))
+    named = bool(names)
+    names = source_names(names)
+    built = {n: archs_for(n, asked) for n in names}
+    if archs:  # each arch asked for, one at a time: a source must have that arch or its sm_90a form
+        lacking = {n: [a for a in asked if not archs_for(n, (a,))] for n in names}
+    else:
+        lacking = {n: list(asked) for n in names if not built[n]}
+    not_built = [dict(source=n, not_built_for=miss, built_for=list(archs_for(n, every_arch())))
+                 for n, miss in lacking.items() if miss]
+    if named and not_built:
+        raise UsageError("; ".join(f"{s['source']} is not built for {', '.join(s['not_built_for'])} (it is built "
+                                   f"for {', '.join(s['built_for'])})" for s in not_built)
+                         + ": name only sources built for the --arch asked, or ask for an arch they are built for")
+    return {n: a for n, a in built.items() if a}, not_built
 
 
 def nvrtc_version():
@@ -150,30 +177,30 @@ def _nonce():
     return f"\n__device__ unsigned long long h3_compile_check_nonce = {n}ULL;\n"
 
 
-def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
+def check(archs=None, names=None, out=None, sass=False):
     """Compiles and reports; returns a dict (the --json document) whose "ok" is the verdict.
-    Raises UsageError for an unknown name, MissingNeed when --sass has no matching nvdisasm."""
+    archs: as plan(). Raises UsageError for an unknown name or a named source not built for an
+    arch asked for, MissingNeed when --sass has no matching nvdisasm."""
     out = out or sys.stdout
-    explicit = bool(names)
-    names = source_names(names)
-    for name in names if explicit else ():
-        if not archs_for(name, archs):
-            raise UsageError(f"{name} is not built for {', '.join(archs)}: it is built for "
-                             f"{', '.join(archs_for(name, ('sm_120a', 'sm_90', 'sm_89')))}")
+    todo, not_built = plan(names, archs)
     version = nvrtc_version()
     tool = nvdisasm_for(version[0]) if sass else None
     report = dict(command="compile_check", nvrtc=".".join(map(str, version)), sources_dir=str(compiler.source_dir()),
-                  archs=list(archs), nvdisasm=None, kernels=[], failures=[])
+                  archs=list(dict.fromkeys(archs or DEFAULT_ARCHS)), nvdisasm=None, not_built=not_built, kernels=[],
+                  failures=[])
     print(f"NVRTC {report['nvrtc']} (the build's), sources in {report['sources_dir']}", file=out)
+    for s in not_built:
+        print(f"not built for {', '.join(s['not_built_for'])}: {s['source']} (it is built for "
+              f"{', '.join(s['built_for'])})", file=out)
     if tool:
         report["nvdisasm"] = dict(path=tool[0], version=".".join(map(str, tool[1])))
         print(f"nvdisasm {report['nvdisasm']['version']}: {tool[0]}", file=out)
     print(f"{'source':<28}{'arch':<9}{'build':<18}{'kernel':<32}{'regs':>5}{'smem':>8}{'stack':>6}{'spill':>7}",
           file=out)
     failures = report["failures"]
-    for name in names:
+    for name, name_archs in todo.items():
         uses_mma = "mma_e4m3_16832(" in compiler.read_with_includes(name)[0]
-        for arch in archs_for(name, archs):
+        for arch in name_archs:
             # the builds that ship (sources._MODULES); a source without an mma builds one program
             # (NVRTC 13 returns no ptxas report for a repeat of it, seen on the H200)
             for build in builds_for(name, arch, uses_mma):
@@ -220,8 +247,11 @@ def check(archs=("sm_120a", "sm_90"), names=None, out=None, sass=False):
 def add_arguments(p):
     p.add_argument("names", nargs="*", metavar="name",
                    help="CUDA sources to compile, as mlp_fp8 or mlp_fp8.cu (default: every cuda_src/*.cu)")
-    p.add_argument("--arch", action="append", choices=sorted({*targets.MMA_FORMS, "sm_90a"}),
-                   help="default: sm_120a and sm_90 (sm_90 includes the sm_90a-only sources; sm_90a: those alone)")
+    p.add_argument("--arch", action="append", choices=every_arch(),
+                   help="repeatable; default: sm_120a and sm_90 (sm_90 includes the sm_90a-only sources; sm_90a: "
+                        "those alone). A named source not built for an arch asked for is bad usage (exit 2) naming "
+                        "it and the archs it is built for; without names, such sources are listed and built for "
+                        "the other archs asked")
     p.add_argument("--sass", action="store_true",
                    help="count matrix instructions with an nvdisasm of the build's CUDA major release")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
@@ -230,10 +260,8 @@ def add_arguments(p):
 def run(args):
     """The subcommand on parsed arguments; UsageError (exit 2) and MissingNeed (exit 3) propagate
     to h3kernels.cli.main, which reports them in one line."""
-    report = check(tuple(args.arch or ("sm_120a", "sm_90")), args.names, sass=args.sass)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    return OK if report["ok"] else FAILED
+    report = check(args.arch, args.names, sass=args.sass)
+    return finish(args.json, report, report["ok"])
 
 
 def main(argv=None):

@@ -40,7 +40,8 @@ def run_cpu(args):
     import torch
 
     from h3kernels import reference as R
-    from h3kernels.cli import FAILED, OK, UsageError, write_json
+    from h3kernels.cli.output import finish
+    from h3kernels.cli.status import UsageError
     from h3kernels.cli.sizes import cpu_size_problem, set_name
 
     rows, sets = args.rows or CPU_ROWS, args.segments or CPU_SEGMENTS
@@ -74,16 +75,14 @@ def run_cpu(args):
         r = dict(segments=list(seqlens), heads=HEADS, rel_l2=rel_l2(o, e), ok=finite(o))
         report["attention"].append(r)
         print(f"      rel L2 vs float64 softmax {r['rel_l2']:.4f} (e4m3 rounding sets it)")
-    report["ok"] = all(r["ok"] for r in report["mlp"] + report["attention"])
-    write_json(args.json, report)
-    return OK if report["ok"] else FAILED
+    return finish(args.json, report, all(r["ok"] for r in report["mlp"] + report["attention"]))
 
 
 def run_gpu(args):
     import torch
 
     from h3kernels._runtime import targets
-    from h3kernels.cli import FAILED, OK, write_json
+    from h3kernels.cli.output import finish
     from h3kernels.peers import mma_ceiling
 
     dev = torch.cuda.current_device()
@@ -112,9 +111,7 @@ def run_gpu(args):
         t = mma_ceiling.measure_tflops(dev, form)
         report["ceilings_tflops"][str(form)] = t
         print(f"e4m3 mma.sync ceiling, form {form}: {t:.0f} TFLOP/s")
-    report["ok"] = all(r["ok"] for r in report["mlp"] + report["attention"])
-    write_json(args.json, report)
-    return OK if report["ok"] else FAILED
+    return finish(args.json, report, all(r["ok"] for r in report["mlp"] + report["attention"]))
 
 
 # --- checks against the reference (also `python -m h3kernels check`) and timings beside torch ---
