@@ -6,12 +6,14 @@ group stays usable after them. The per-rank (out, lse) form for xDiT / yunchang,
 token parallelism. GPU: the same over NCCL on two GPUs.
 """
 import math
+import warnings
 
 import pytest
 import torch
 
 from h3kernels import parallel
 from h3kernels import reference as R
+from h3kernels.parallel import ring
 from h3kernels.testing.checks import rel_l2, same_bits
 from h3kernels.testing.distributed import run_ranks
 from h3kernels.testing.inputs import make_attention_inputs
@@ -69,9 +71,25 @@ def error_cases(rank, world, seed):
     return res
 
 
+def warnings_of_calls(rank, world, seed):
+    """The warnings that Ulysses, ring (a segment crossing the ranks) and attn_forward raise, as
+    strings: run first in the process, since torch reports some of its own warnings only once."""
+    q, k, v, cu = inputs([100, 150], 4, seed)
+    counts = (120, 130)
+    ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parallel.ulysses_attention(ql, kl, vl, cu, return_lse=True)
+        parallel.ring_attention(ql, kl, vl, cu, return_lse=True)
+        parallel.attn_forward(ql[None], kl[None], vl[None])
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
 def rank_cases(rank, world, seed):
     """Every case of CASES[world] on this rank: {name: (out, lse)}, and the bad calls."""
     res = {}
+    if world == 2:
+        res["warnings"] = warnings_of_calls(rank, world, seed)
     for i, (name, mode, seqlens, heads, counts) in enumerate(CASES[world]):
         q, k, v, cu = inputs(seqlens, heads, seed)
         ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
@@ -138,6 +156,26 @@ def test_ulysses_runs_a_given_local_attention(ranks):
         assert r["laps"] == ["attention", "comm"]  # timings: communication apart from the attention
     got = torch.cat([r["spy"][0] for r in results])
     assert same_bits(got, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))
+
+
+def test_calls_raise_no_warning(ranks):
+    """A normal call prints nothing: no beta-API or deprecation warning from the ops it uses."""
+    world, _, results = ranks
+    if world != 2:
+        pytest.skip("runs in the 2-rank group")
+    assert [r["warnings"] for r in results] == [[], []]
+
+
+def test_block_maxima_on_the_segment_grid(seed):
+    """The ring's per-block K maxima of a rank's run of a segment, on the segment's 128-key grid,
+    are the maxima over each block's rows, wherever the run starts."""
+    g = torch.Generator().manual_seed(seed)
+    for offset, n in ((0, 1), (0, 128), (5, 123), (5, 124), (127, 300)):
+        rows = torch.rand(n, 3, generator=g)
+        got = ring.block_maxima(rows, offset)
+        ids = (torch.arange(n) + offset) // 128
+        want = torch.stack([rows[ids == b].amax(0) for b in range(-(-(offset + n) // 128))])
+        assert same_bits(got, want), (offset, n)
 
 
 RING_REL_L2 = {}
