@@ -11,9 +11,10 @@ all keys only where P is rounded (against each partial's own row maximum)."""
 import torch
 import torch.distributed as dist
 
+from h3kernels._validate import parallel as checks
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels.parallel import _group, layout
-from h3kernels.parallel.local import default_partial_attention
+from h3kernels.parallel.local import PARTIAL_FORM, default_partial_attention
 from h3kernels.parallel.merge import LseMerge
 
 
@@ -24,6 +25,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale) -> (out, lse) is the
     attention of this rank's queries to one rank's key block (h3kernels.parallel.local). Every
     check runs before the first message."""
+    checks.callable_or_none("partial_attention", partial_attention, PARTIAL_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     attend = partial_attention or default_partial_attention
     clock = _group.Clock(timings, q.device)
