@@ -33,7 +33,7 @@ def yunchang_ranks(rank, world, seed):
     """This rank's sequence shard through LongContextAttention for each (Ulysses, ring) degree."""
     import warnings
 
-    with warnings.catch_warnings():  # yunchang's import compiles helpers with torch.jit.script (deprecated)
+    with warnings.catch_warnings():  # yunchang's import compiles functions with torch.jit.script (deprecated)
         warnings.simplefilter("ignore", DeprecationWarning)
         from yunchang import LongContextAttention, set_seq_parallel_pg
 
