@@ -6,12 +6,14 @@ group stays usable after them. The per-rank (out, lse) form for xDiT / yunchang,
 token parallelism. GPU: the same over NCCL on two GPUs.
 """
 import math
+import warnings
 
 import pytest
 import torch
 
 from h3kernels import parallel
 from h3kernels import reference as R
+from h3kernels.parallel import ring
 from h3kernels.testing.checks import rel_l2, same_bits
 from h3kernels.testing.distributed import run_ranks
 from h3kernels.testing.inputs import make_attention_inputs
@@ -48,6 +50,7 @@ def error_cases(rank, world, seed):
     q, k, v, cu = inputs([30, 50], 56, seed)
     counts = (30, 20, 30)
     ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    six = [t[:, :6].contiguous() for t in (ql, kl, vl)]
     calls = {
         "heads": lambda out: parallel.ulysses_attention(ql, kl, vl, cu, out=out),
         "devices": lambda out: parallel.ring_attention(ql, kl.to("meta"), vl, cu, out=out),
@@ -55,6 +58,8 @@ def error_cases(rank, world, seed):
         "tokens_per_rank": lambda out: parallel.ring_attention(ql, kl, vl, cu, tokens_per_rank=(30, 50), out=out),
         "cu_total": lambda out: parallel.ring_attention(ql, kl, vl, [0, 30, 81], out=out),
         "return_lse": lambda out: parallel.ring_attention(ql, kl, vl, cu, out=out, return_lse=1),
+        "local_attention": lambda out: parallel.ulysses_attention(*six, cu, local_attention="ref"),
+        "partial_attention": lambda out: parallel.ring_attention(ql, kl, vl, cu, out=out, partial_attention=1),
     }
     res = {}
     for name, call in calls.items():
@@ -64,14 +69,29 @@ def error_cases(rank, world, seed):
             res[name] = ("no error", "", None)
         except (TypeError, ValueError) as e:
             res[name] = (type(e).__name__, str(e), bool((out == 7).all()))
-    six = [t[:, :6].contiguous() for t in (ql, kl, vl)]
     res["after"] = parallel.ulysses_attention(*six, cu, return_lse=True)
     return res
+
+
+def warnings_of_calls(rank, world, seed):
+    """The warnings that Ulysses, ring (a segment crossing the ranks) and attn_forward raise, as
+    strings: run first in the process, since torch reports some of its own warnings only once."""
+    q, k, v, cu = inputs([100, 150], 4, seed)
+    counts = (120, 130)
+    ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parallel.ulysses_attention(ql, kl, vl, cu, return_lse=True)
+        parallel.ring_attention(ql, kl, vl, cu, return_lse=True)
+        parallel.attn_forward(ql[None], kl[None], vl[None])
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 def rank_cases(rank, world, seed):
     """Every case of CASES[world] on this rank: {name: (out, lse)}, and the bad calls."""
     res = {}
+    if world == 2:
+        res["warnings"] = warnings_of_calls(rank, world, seed)
     for i, (name, mode, seqlens, heads, counts) in enumerate(CASES[world]):
         q, k, v, cu = inputs(seqlens, heads, seed)
         ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
@@ -140,6 +160,26 @@ def test_ulysses_runs_a_given_local_attention(ranks):
     assert same_bits(got, R.attention_fp8(q, k, v, cu, softmax_scale=0.1))
 
 
+def test_calls_raise_no_warning(ranks):
+    """A normal call prints nothing: no beta-API or deprecation warning from the ops it uses."""
+    world, _, results = ranks
+    if world != 2:
+        pytest.skip("runs in the 2-rank group")
+    assert [r["warnings"] for r in results] == [[], []]
+
+
+def test_block_maxima_on_the_segment_grid(seed):
+    """The ring's per-block K maxima of a rank's run of a segment, on the segment's 128-key grid,
+    are the maxima over each block's rows, wherever the run starts."""
+    g = torch.Generator().manual_seed(seed)
+    for offset, n in ((0, 1), (0, 128), (5, 123), (5, 124), (127, 300)):
+        rows = torch.rand(n, 3, generator=g)
+        got = ring.block_maxima(rows, offset)
+        ids = (torch.arange(n) + offset) // 128
+        want = torch.stack([rows[ids == b].amax(0) for b in range(-(-(offset + n) // 128))])
+        assert same_bits(got, want), (offset, n)
+
+
 RING_REL_L2 = {}
 
 
@@ -178,6 +218,10 @@ def test_bad_calls_raise_before_any_message_and_write_nothing(ranks):
         "tokens_per_rank": ("ValueError", "tokens_per_rank: got 2 entries; need 3, one per rank"),
         "cu_total": ("ValueError", "cu_seqlens: got last entry 81; need the tokens of all ranks = 80"),
         "return_lse": ("TypeError", "return_lse: got 1; need True or False"),
+        "local_attention": ("TypeError", "local_attention: got str; need None or a callable (q, k, v, cu_seqlens, "
+                                         "softmax_scale, return_lse)"),
+        "partial_attention": ("TypeError", "partial_attention: got int; need None or a callable (q, k, v, "
+                                           "cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)"),
     }
     for rank, r in enumerate(results):
         errors = r["errors"]
@@ -253,6 +297,71 @@ def test_attn_forward_is_the_per_rank_attention_with_lse(seed):
                     (dict(window_size=(8, 8)), "window_size: got (8, 8)")):
         with pytest.raises(ValueError, match="^" + msg.replace("(", r"\(").replace(")", r"\)")):
             parallel.attn_forward(q4, k4, v4, **kw)
+
+
+def test_attn_forward_casts_half_and_single_precision_and_takes_any_strides(seed):
+    q, k, v, _ = inputs([64, 64], 2, seed)
+    want, want_lse = R.attention_fp8(q, k, v, [0, 64, 128], return_lse=True)
+    for dtype in (torch.float16, torch.float32):
+        q4, k4, v4 = (t.view(2, 64, 2, 128).to(dtype) for t in (q, k, v))
+        out, lse = parallel.attn_forward(q4, k4, v4)
+        assert out.dtype == dtype
+        # bf16 -> fp16 -> bf16 is exact for these values, so the operands are the bf16 ones
+        assert same_bits(out.reshape(128, 2, 128).bfloat16(), want.to(dtype).bfloat16())
+        assert same_bits(lse, want_lse.view(2, 2, 64).transpose(0, 1))
+    # [batch, heads, seqlen, 128] tensors transposed to the form: views with other strides
+    qt, kt, vt = (t.view(2, 64, 2, 128).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not qt.is_contiguous()
+    assert same_bits(parallel.attn_forward(qt, kt, vt)[0].reshape(128, 2, 128), want)
+
+
+def _refusals():
+    """(keyword arguments over good ones, exception type, message start) of attn_forward's refusals."""
+    good = torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16)
+    return [
+        (dict(q=torch.zeros(3, 64, 2, 64, dtype=torch.bfloat16)), ValueError,
+         "q: got shape (3, 64, 2, 64); need shape (batch, seqlen, heads >= 1, 128)"),
+        (dict(q=good[0]), ValueError, "q: got shape (64, 2, 128); need shape (batch, seqlen, heads >= 1, 128)"),
+        (dict(q=good[:, :, :0]), ValueError, "q: got shape (3, 64, 0, 128); need shape (batch, seqlen, heads >= 1"),
+        (dict(q=good.float().numpy()), TypeError, "q: got numpy.ndarray; need a torch tensor"),
+        (dict(k=[1.0]), TypeError, "k: got list; need a torch tensor"),
+        (dict(q=good.int()), TypeError, "q: got torch.int32; need torch.bfloat16 (torch.float16 and torch.float32"),
+        (dict(q=good.double()), TypeError, "q: got torch.float64; need torch.bfloat16"),
+        (dict(k=good.half()), TypeError, "k: got torch.float16; need q's dtype torch.bfloat16"),
+        (dict(v=good[:, :32]), ValueError, "v: got shape (3, 32, 2, 128); need q's shape (3, 64, 2, 128)"),
+        (dict(k=good.to("meta")), ValueError, "k: got a tensor on meta while q is on cpu; need one device"),
+        (dict(cu_seqlens=[0, 100]), ValueError, "cu_seqlens: got last entry 100; need tokens = 192 (batch x seqlen"),
+        (dict(cu_seqlens=[1, 192]), ValueError, "cu_seqlens: got first entry 1; need 0"),
+        (dict(cu_seqlens=[0, 100, 50, 192]), ValueError,
+         "cu_seqlens: got entries 100, 50 at 1, 2; need non-decreasing"),
+        (dict(cu_seqlens=[]), ValueError, "cu_seqlens: got 0 entries; need segments + 1 >= 1 entries"),
+        (dict(cu_seqlens=[0.0, 192.0]), TypeError, "cu_seqlens: got list; need a sequence of ints"),
+        (dict(softmax_scale=-1.0), ValueError, "softmax_scale: got -1.0; need a positive float"),
+        (dict(softmax_scale="0.1"), TypeError, "softmax_scale: got '0.1'; need a positive finite float"),
+        (dict(return_lse=1), TypeError, "return_lse: got 1; need True or False"),
+        (dict(local_attention=3), TypeError, "local_attention: got int; need None or a callable (q, k, v, cu_seqlens"),
+        (dict(window_size=8), ValueError, "window_size: got 8; need (-1, -1)"),
+        (dict(softcap=30.0), ValueError, "softcap: got 30.0; need 0.0"),
+        (dict(alibi_slopes=torch.zeros(2)), ValueError, "alibi_slopes: got a tensor; need None"),
+        (dict(return_softmax=True), ValueError, "return_softmax: got True; need False"),
+    ]
+
+
+REFUSALS = _refusals()
+
+
+@pytest.mark.parametrize("bad,exc,msg", REFUSALS, ids=[f"{i}-{next(iter(b))}" for i, (b, _, _) in enumerate(REFUSALS)])
+def test_attn_forward_refuses_bad_arguments_before_any_work(bad, exc, msg):
+    """Each bad argument raises, naming it, before the attention runs: head dim 128, dtypes,
+    shapes, one device, the segment boundaries, the scalars, the callable."""
+    called = []
+    good = torch.zeros(3, 64, 2, 128, dtype=torch.bfloat16)
+    args = dict(q=good, k=good, v=good, local_attention=lambda *a: called.append(a))
+    args.update(bad)
+    with pytest.raises(exc) as e:
+        parallel.attn_forward(**args)
+    assert str(e.value).startswith(msg), str(e.value)
+    assert not called
 
 
 def test_mlp_is_token_parallel_bitwise(seed):

@@ -1,10 +1,14 @@
 """The checks of h3kernels.parallel, made on each rank before any communication: the local
-q, k, v and out, the global segment boundaries, the ranks' token counts, the head split and the
-devices the process group's backend can move."""
+q, k, v and out, the global segment boundaries, the ranks' token counts, the head split, the
+devices the process group's backend can move, the callers' own attention callables, and
+attn_forward's arguments in the flash-attention form."""
+import torch
+
 from h3kernels import _validate as v
 from h3kernels._validate import host_ints  # noqa: F401 (h3kernels.parallel's boundaries)
 from h3kernels._validate import varlen_attention_fp8 as attention
 from h3kernels._runtime import arrays as adapter
+from h3kernels.constants import HEAD_DIM
 
 # the backends whose tensors live on one kind of device
 BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
@@ -65,13 +69,53 @@ def global_seqlens(cu, total):
     return cu
 
 
+def callable_or_none(name, fn, form):
+    """A caller's own attention: None (the default) or a callable of the given form."""
+    if fn is not None and not callable(fn):
+        v.fail(name, v.type_name(fn), f"None or a callable {form}", TypeError)
+
+
+# attn_forward's input dtypes: the operators take bf16; the half and single precision tensors
+# that frameworks also pass are cast to it (the FP8 quantization follows either way)
+FORWARD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def forward_arrays(q, k, v_):
+    """attn_forward's q, k, v: torch tensors [batch, seqlen, heads >= 1, 128] of one shape and one
+    dtype of FORWARD_DTYPES, on one device, any strides (they are copied into packed bf16).
+    Returns (batch, seqlen, heads)."""
+    v.arrays(v.TORCH_TENSORS, dict(q=q, k=k, v=v_))
+    if q.dtype not in FORWARD_DTYPES:
+        v.fail("q", q.dtype, "torch.bfloat16 (torch.float16 and torch.float32 are cast to it)", TypeError)
+    for name, a in (("k", k), ("v", v_)):
+        if a.dtype != q.dtype:
+            v.fail(name, a.dtype, f"q's dtype {q.dtype}", TypeError)
+    shape = tuple(q.shape)
+    if len(shape) != 4 or shape[3] != HEAD_DIM or shape[2] < 1:
+        v.fail("q", f"shape {shape}", f"shape (batch, seqlen, heads >= 1, {HEAD_DIM})")
+    for name, a in (("k", k), ("v", v_)):
+        if tuple(a.shape) != shape:
+            v.fail(name, f"shape {tuple(a.shape)}", f"q's shape {shape}")
+    v.one_device(dict(q=q, k=k, v=v_))
+    return shape[:3]
+
+
+def packed_seqlens(cu_seqlens, tokens):
+    """attn_forward's cu_seqlens: host ints over the batch x seqlen packed tokens, from 0,
+    non-decreasing, to `tokens`."""
+    cu = host_ints("cu_seqlens", cu_seqlens)
+    if not cu:
+        v.fail("cu_seqlens", "0 entries", "segments + 1 >= 1 entries")
+    return attention.segment_bounds("cu_seqlens", cu, tokens, "batch x seqlen of q")
+
+
 def plain_attention(dropout_p, causal, window_size, softcap, alibi_slopes, return_softmax):
     """attn_forward serves non-causal attention without dropout, window, softcap or ALiBi."""
     if dropout_p != 0:
         v.fail("dropout_p", repr(dropout_p), "0.0 (inference attention)")
     if causal:
         v.fail("causal", repr(causal), "False (the H3 DiT's attention is bidirectional)")
-    if tuple(window_size) != (-1, -1):
+    if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
         v.fail("window_size", repr(window_size), "(-1, -1)")
     if softcap:
         v.fail("softcap", repr(softcap), "0.0")

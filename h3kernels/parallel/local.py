@@ -6,6 +6,10 @@ import torch
 from h3kernels import reference as R
 from h3kernels.constants import E4M3_MAX
 
+# the forms of the callables a caller may give in place of the defaults (as checks name them)
+ATTENTION_FORM = "(q, k, v, cu_seqlens, softmax_scale, return_lse)"
+PARTIAL_FORM = "(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)"
+
 
 def default_attention(q, k, v, cu_seqlens, softmax_scale, return_lse):
     """Packed-varlen attention of q, k, v [tokens, heads, 128] over the segments of cu_seqlens

@@ -11,9 +11,10 @@ all keys only where P is rounded (against each partial's own row maximum)."""
 import torch
 import torch.distributed as dist
 
+from h3kernels._validate import parallel as checks
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels.parallel import _group, layout
-from h3kernels.parallel.local import default_partial_attention
+from h3kernels.parallel.local import PARTIAL_FORM, default_partial_attention
 from h3kernels.parallel.merge import LseMerge
 
 
@@ -24,6 +25,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale) -> (out, lse) is the
     attention of this rank's queries to one rank's key block (h3kernels.parallel.local). Every
     check runs before the first message."""
+    checks.callable_or_none("partial_attention", partial_attention, PARTIAL_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     attend = partial_attention or default_partial_attention
     clock = _group.Clock(timings, q.device)
@@ -89,8 +91,10 @@ def segment_statistics(k, v, s):
     for i, (a, b) in enumerate(zip(s.local_cu, s.local_cu[1:])):
         if b > a:
             centred = (k[a:b].float() - k_mean[i][None]).abs().amax(dim=2)  # [n, heads]
-            ids = bases[i] + (torch.arange(a, b, device=k.device) + first - s.cu[i]) // K_BLOCK
-            blocks.index_reduce_(0, ids, centred, "amax")
+            into = first + a - s.cu[i]  # this rank's first key of the segment, counted from its start
+            part = block_maxima(centred, into % K_BLOCK)
+            lo = bases[i] + into // K_BLOCK
+            blocks[lo:lo + part.shape[0]] = part  # each rank holds one contiguous run of a segment's blocks
     if talk:
         rows = [r for i in crossing for r in range(bases[i], bases[i + 1])]
         ridx = torch.tensor(rows, device=k.device)
@@ -100,6 +104,18 @@ def segment_statistics(k, v, s):
         amax[idx] = both[:n].view(len(crossing), s.heads, HEAD_DIM)
         blocks[ridx] = both[n:].view(len(rows), s.heads)
     return k_mean, amax, blocks
+
+
+def block_maxima(centred, offset):
+    """The maximum of each 128-key block over the rows of centred (f32 [n, heads], all >= 0) when
+    the first block starts `offset` rows before row 0: f32 [blocks, heads]. The rows are laid
+    into zero rows on the block grid (a zero changes no maximum of values >= 0) and reduced per
+    block: plain tensor ops, exact like any maximum."""
+    n, heads = centred.shape
+    count = -(-(offset + n) // K_BLOCK)
+    grid = centred.new_zeros((count * K_BLOCK, heads))
+    grid[offset:offset + n] = centred
+    return grid.view(count, K_BLOCK, heads).amax(dim=1)
 
 
 def key_scales(s, block_amax, src):

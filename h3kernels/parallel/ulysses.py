@@ -8,9 +8,10 @@ equals the single-device attention bit for bit when the same kernel family runs 
 import torch
 import torch.distributed as dist
 
+from h3kernels._validate import parallel as checks
 from h3kernels.constants import HEAD_DIM
 from h3kernels.parallel import _group
-from h3kernels.parallel.local import default_attention
+from h3kernels.parallel.local import ATTENTION_FORM, default_attention
 
 
 def ulysses_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out=None, softmax_scale=None,
@@ -26,6 +27,7 @@ def ulysses_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, 
     (default: the GPU operator on CUDA tensors, the reference on the CPU). timings, a dict when
     given, receives 'comm' and 'attention' seconds (synchronizing: for measurements only).
     Every check runs before the first message."""
+    checks.callable_or_none("local_attention", local_attention, ATTENTION_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=True)
     attend = local_attention or default_attention
     world, n, hp, D = s.world, s.tokens, s.heads // s.world, HEAD_DIM
