@@ -1,12 +1,13 @@
-"""Writes docs/perf.md's current figures from a `python -m h3kernels bench --json` file: one table per
-operator, with the run's date, device and command, each form's share of its own instruction family's
-ceiling and the peers timed in the same run. Only the text between the two marker lines changes.
+"""Writes the current figures of docs/perf.md and README.md from a `python -m h3kernels bench --json`
+file, the one source of both: one table per operator, with the run's date, device and command, each
+form's share of its own instruction family's ceiling and the peers timed in the same run. Only the
+text between the two marker lines of each document changes (notebook 03 reads the file itself).
 
-python bench/perf_table.py [JSON] [--doc docs/perf.md] [--command CMD] [--check]
+python bench/perf_table.py [JSON] [--doc DOC ...] [--command CMD] [--check]
 
-JSON defaults to docs/perf_h200.json. The command shown is --command, else the file's "command" key,
+JSON defaults to docs/perf_h200.json, the documents to docs/perf.md and README.md. The command shown is --command, else the file's "command" key,
 else the first `python... -m h3kernels bench ...` span quoted in its "source". --check writes nothing
-and exits 1 when the document's tables differ from those the file gives.
+and exits 1 when a document's tables differ from those the file gives.
 """
 import argparse
 import json
@@ -79,21 +80,23 @@ def rewrite(doc, block):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="?", default=str(ROOT / "docs" / "perf_h200.json"))
-    p.add_argument("--doc", default=str(ROOT / "docs" / "perf.md"))
+    p.add_argument("--doc", action="append", help="a document to write (repeatable; default docs/perf.md and README.md)")
     p.add_argument("--command", help="the command that wrote the JSON (shown above the tables)")
     p.add_argument("--check", action="store_true", help="exit 1 if the document is not current; write nothing")
     a = p.parse_args(argv)
     data = json.loads(Path(a.json).read_text())
-    doc_path = Path(a.doc)
-    doc = doc_path.read_text()
-    new = rewrite(doc, tables(data, a.command))
-    if a.check:
-        if new != doc:
-            print(f"{a.doc}: the tables differ from those of {a.json} (run bench/perf_table.py)", file=sys.stderr)
-            return 1
-        return 0
-    doc_path.write_text(new)
-    return 0
+    block, stale = tables(data, a.command), []
+    for doc_path in map(Path, a.doc or (ROOT / "docs" / "perf.md", ROOT / "README.md")):
+        doc = doc_path.read_text()
+        new = rewrite(doc, block)
+        if a.check:
+            if new != doc:
+                stale.append(doc_path)
+                print(f"{doc_path}: the tables differ from those of {a.json} (run bench/perf_table.py)",
+                      file=sys.stderr)
+        else:
+            doc_path.write_text(new)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

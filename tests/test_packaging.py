@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES_PACKAGE = "h3kernels.cuda_src"
+FIGURES_PACKAGE = "h3kernels.figures"  # docs/perf_h200.json, installed beside the modules
 
 
 def _options():
@@ -45,7 +46,7 @@ def test_packages_lists_every_subpackage():
     listed = set(_listed(_options()["options"]["packages"]))
     on_disk = _python_packages()
     assert on_disk - listed == set(), "subpackages missing from setup.cfg's packages ="
-    assert listed - on_disk - {SOURCES_PACKAGE} == set(), "setup.cfg lists packages that do not exist"
+    assert listed - on_disk - {SOURCES_PACKAGE, FIGURES_PACKAGE} == set(), "setup.cfg lists packages that do not exist"
     for name in on_disk:
         assert (REPO / name.replace(".", "/") / "__init__.py").is_file(), f"{name} has no __init__.py"
 
@@ -141,6 +142,15 @@ def test_installed_package_finds_its_sources(installed_wheel, tmp_path):
     assert set(names) == stems
     for header in (REPO / "cuda_src").glob("*.cuh"):
         assert (pkg / "cuda_src" / header.name).is_file()
+
+
+def test_installed_package_finds_the_recorded_figures(installed_wheel, tmp_path):
+    _, site = installed_wheel
+    probe = "from h3kernels.cli.bench import recorded_figures; print(recorded_figures()['device'])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == json.loads((REPO / "docs" / "perf_h200.json").read_text())["device"]
 
 
 def test_cli_info_runs():

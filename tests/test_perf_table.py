@@ -59,6 +59,6 @@ def test_rewrite_changes_only_between_the_markers(tmp_path):
         pt.main([str(json_path), "--doc", str(doc)])
 
 
-def test_perf_md_holds_the_recorded_run():
-    """docs/perf.md's tables are those of docs/perf_h200.json, the figures the notebooks read."""
+def test_readme_and_perf_md_hold_the_recorded_run():
+    """README.md's and docs/perf.md's tables are those of docs/perf_h200.json, the figures notebook 03 reads."""
     assert perf_table().main(["--check"]) == 0

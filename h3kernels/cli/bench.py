@@ -6,7 +6,10 @@ families (form 3) and mma.sync form 0, the one -1 picks first; each row has a `f
 the ceiling of its family (the wgmma ceiling for form 3, the mma.sync one of its form otherwise).
 
 Times are CUDA-event medians of back-to-back calls (h3kernels.testing.timing.median_ms_batched) after a
-warm-up. MLP peer: torch eager bf16 (h3kernels.peers.torch_mlp.mlp_bf16). Attention peers: torch's
+warm-up. MLP peers: torch.compile of the same block in FP8 (h3kernels.peers.torch_mlp.mlp_fp8:
+torch._scaled_mm row-wise on per-token and per-row e4m3 operands, the peer a user of FP8 would
+pick; torch's eager FP8 block where compiling fails), then torch eager bf16 (mlp_bf16, a second
+peer column). Attention peers: torch's
 scaled_dot_product_attention in bf16 with the cuDNN backend, then with the flash backend (a
 second peer column), one batched call for equal segment lengths, else one call per segment;
 torch's own choice of backend where cuDNN's refuses. bench/bench_mlp.py and
@@ -27,18 +30,15 @@ RECORDED = "perf_h200.json"
 
 def recorded_figures(name=RECORDED):
     """The figures recorded on an H200 (docs/perf_h200.json, in the format `bench --json` writes),
-    found from any working directory: in the repository the imported package sits in, else in
-    the current directory's docs/ or that of a directory above it."""
+    from any working directory: installed with the package as h3kernels/figures/, or, from a
+    checkout, in the repository's docs/. None where neither holds them."""
     import h3kernels
 
-    here = Path.cwd().resolve()
-    places = [Path(h3kernels.__file__).resolve().parents[1], here, *here.parents]
-    for root in places:
-        path = root / "docs" / name
+    package = Path(h3kernels.__file__).resolve().parent
+    for path in (package / "figures" / name, package.parent / "docs" / name):
         if path.is_file():
             return json.loads(path.read_text())
-    raise FileNotFoundError(f"docs/{name} not found beside the h3kernels package ({places[0]}) nor in {here} or "
-                            f"above it: run from a checkout of the repository")
+    return None
 
 
 def progress(i, n, what, t0):
@@ -57,19 +57,39 @@ def mlp_case(m, forms=(-1,)):
     from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
     from h3kernels.testing.timing import mlp_flops
     from h3kernels.testing.timing import median_ms_batched
-    from h3kernels.peers.torch_mlp import mlp_bf16
-
     x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0], seed=m)
     out = torch.empty_like(residual)
-    peer = median_ms_batched(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2))
+    peers = torch_mlp_peers(x, w, sc, sh, idx, gate, residual, w1, w2)
     rows = []
     for form in forms:
         ours = median_ms_batched(lambda: h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2,
                                                                        s2, out=out, fp8_mma_form=form))
-        rows.append(dict(op="mlp", case=f"M={m}", form=form, flops=mlp_flops(m), ours_ms=ours, peer="torch eager bf16",
-                         peer_ms=peer))
+        rows.append(dict(op="mlp", case=f"M={m}", form=form, flops=mlp_flops(m), ours_ms=ours, **peers))
     return rows
+
+
+def torch_mlp_peers(x, w, sc, sh, idx, gate, residual, w1, w2):
+    """{peer, peer_ms, peer2, peer2_ms}: torch.compile's FP8 block (its weights quantized per
+    row in logical order, as torch._scaled_mm takes them), else torch's eager FP8 block, and
+    torch's eager bf16 block, each timed on the same inputs."""
+    import torch
+
+    from h3kernels.peers.torch_mlp import mlp_bf16, mlp_fp8
+    from h3kernels.quantize import quantize_rows
+    from h3kernels.testing.timing import median_ms_batched
+
+    (q1, s1), (q2, s2) = quantize_rows(w1), quantize_rows(w2)
+    operands = (x, w, sc, sh, idx, gate, residual, q1, s1.view(1, -1), q2, s2.view(1, -1))
+    name, block = "torch.compile FP8", torch.compile(mlp_fp8)
+    try:
+        block(*operands)  # compiles
+    except Exception as e:  # no working compiler toolchain here: the eager block is the next best peer
+        sys.stderr.write(f"\ntorch.compile of the FP8 block failed ({type(e).__name__}: {e}); timing it eagerly\n")
+        name, block = "torch FP8 eager", mlp_fp8
+    peer = median_ms_batched(lambda: block(*operands))
+    eager = median_ms_batched(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2))
+    return dict(peer=name, peer_ms=peer, peer2="torch eager bf16", peer2_ms=eager)
 
 
 def attention_case(seqlens, forms=(-1,), heads=56):

@@ -212,13 +212,13 @@ def time_mlp(args, ws, w1, w2):
     import h3kernels
     from h3kernels.testing.timing import mlp_flops
     from h3kernels.testing.timing import median_ms
-    from h3kernels.peers.torch_mlp import mlp_bf16
+    from h3kernels.cli.bench import torch_mlp_peers
 
     x, w, sc, sh, idx, gate, residual = args[:7]
     ours = median_ms(lambda: h3kernels.minimax_h3_mlp_fp8(*args, **ws), reps=10)
-    theirs = median_ms(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2), reps=10)
+    peers = torch_mlp_peers(x, w, sc, sh, idx, gate, residual, w1, w2)
     print(f"  h3kernels {ours:.3f} ms = {mlp_flops(x.shape[0]) / ours / 1e9:.0f} TFLOP/s; "
-          f"torch eager bf16 {theirs:.3f} ms\n")
+          f"{peers['peer']} {peers['peer_ms']:.3f} ms, {peers['peer2']} {peers['peer2_ms']:.3f} ms\n")
     return ours
 
 
