@@ -204,6 +204,45 @@ def test_ring_is_within_0_03_of_single_process(ranks):
         assert (lse.double() - exact_lse).abs().max() <= (want_lse.double() - exact_lse).abs().max() + 0.01, name
         # K and V quantize as on one device: the lse differs only by FP32 rounding (measured 2e-6)
         assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max()), name
+        if name.endswith("no-crossing"):  # each rank's plain call on whole segments: the single process's bits
+            assert same_bits(out, want) and same_bits(lse, want_lse), name
+
+
+def without_messages(rank, world, seed):
+    """Ulysses and ring in a world of one, and ring where no segment crosses a rank boundary,
+    with every collective and point-to-point call of torch.distributed made to fail."""
+    import torch.distributed as dist
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a message was sent")
+
+    for name in ("all_to_all_single", "all_reduce", "all_gather", "batch_isend_irecv", "isend", "irecv"):
+        setattr(dist, name, refuse)
+    seqlens, heads = [100, 0, 50, 70], 4
+    q, k, v, cu = inputs(seqlens, heads, seed)
+    counts = (220,) if world == 1 else (100, 120)
+    ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
+    given = None if world == 1 else counts  # a world of one needs no all-gather of the counts
+    res = {"ring": parallel.ring_attention(ql, kl, vl, cu, tokens_per_rank=given, return_lse=True)}
+    if world == 1:
+        laps = {}
+        res["ulysses"] = parallel.ulysses_attention(ql, kl, vl, cu, return_lse=True, timings=laps)
+        res["laps"] = sorted(laps)
+    return res
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_no_message_where_no_segment_crosses_a_rank(world, seed):
+    """A world of one (both modes), or a ring whose segments each lie on one rank: each rank's
+    plain attention call, no message, the single process's bits."""
+    results = run_ranks(world, MODULE, "without_messages", (seed,))
+    q, k, v, cu = inputs([100, 0, 50, 70], 4, seed)
+    want = R.attention_fp8(q, k, v, cu, return_lse=True)
+    for mode in ("ring", "ulysses") if world == 1 else ("ring",):
+        out, lse = gathered(results, mode)
+        assert same_bits(out, want[0]) and same_bits(lse, want[1]), mode
+    if world == 1:
+        assert results[0]["laps"] == ["attention"]
 
 
 def test_bad_calls_raise_before_any_message_and_write_nothing(ranks):

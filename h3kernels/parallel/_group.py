@@ -28,7 +28,7 @@ class Shard:
             checks.heads_split(self.heads, self.world)
         cu = checks.host_ints("cu_seqlens", cu_seqlens)  # its values are checked once the total is known
         if tokens_per_rank is None:
-            counts = gather_counts(tokens, q.device, group, self.world)
+            counts = (tokens,) if self.world == 1 else gather_counts(tokens, q.device, group, self.world)
         else:
             counts = checks.tokens_per_rank(tokens_per_rank, self.world, self.rank, tokens)
         self.counts = counts
@@ -48,6 +48,23 @@ def gather_counts(tokens, device, group, world):
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     return tuple(int(c.item()) for c in every)
+
+
+def plain_call(s, attend, q, k, v, out, clock):
+    """The call where every segment of this rank's tokens lies whole on this rank (always so in a
+    world of one): one plain attention call on the local tokens, no message. attend has the form
+    of local.default_attention."""
+    clock.start()
+    if s.tokens:
+        res = attend(q, k, v, s.local_cu, s.scale, s.want_lse)
+        o, lse = res if s.want_lse else (res, None)
+    else:
+        o, lse = q.new_empty(q.shape), torch.empty((s.heads, 0), dtype=torch.float32, device=q.device)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    clock.lap("attention")
+    return (o, lse) if s.want_lse else o
 
 
 class Clock:

@@ -7,14 +7,16 @@ its K scales are those of the whole segment's 128-key blocks and its V is scaled
 over all of its keys (all-reduces of per-rank partial sums and maxima, for the segments that
 cross a boundary only): every partial quantizes its key block as the single-device attention
 does (the mean up to its summation order), so that the partials differ from one attention over
-all keys only where P is rounded (against each partial's own row maximum)."""
+all keys only where P is rounded (against each partial's own row maximum). Where no segment
+crosses a rank boundary (a world of one, for one) each rank's call is the plain attention of its
+own tokens, with no message at all."""
 import torch
 import torch.distributed as dist
 
 from h3kernels._validate import parallel as checks
 from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels.parallel import _group, layout
-from h3kernels.parallel.local import PARTIAL_FORM, default_partial_attention
+from h3kernels.parallel.local import PARTIAL_FORM, default_attention, default_partial_attention
 from h3kernels.parallel.merge import LseMerge
 
 
@@ -29,6 +31,8 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     attend = partial_attention or default_partial_attention
     clock = _group.Clock(timings, q.device)
+    if partial_attention is None and not layout.crossing_segments(s.cu, s.counts):
+        return _group.plain_call(s, default_attention, q, k, v, out, clock)
     clock.start()
     k_mean, v_amax, block_amax = segment_statistics(k, v, s)
     clock.lap("comm")
