@@ -95,7 +95,8 @@ def installed_wheel(tmp_path_factory):
     if files is None:
         pytest.skip("needs git to list the repository's files")
     if not _can_build_without_network():
-        pytest.skip("needs setuptools >= 70.1 (or setuptools with wheel) to build offline")
+        pytest.skip("needs setuptools >= 70.1, which the test extra installs (or setuptools with wheel), "
+                    "to build offline")
     base = tmp_path_factory.mktemp("packaging")
     clone = base / "clone"
     for name in files:
