@@ -5,9 +5,19 @@ Seeds: a test that draws random inputs takes the `seed` fixture and hands it to 
 of h3kernels.testing.inputs. Each seed is a hash of the test's node id (or fixture's name) and
 of $H3KERNELS_TEST_SEED ("" when unset, so the inputs are the same every run; "random" picks a
 new base per run, shown in the header). A failing test's report has a "random inputs" section
-with its seeds and the base that reproduces them."""
+with its seeds and the base that reproduces them.
+
+Side effects: the session points the kernel cache and the other tools' state directories (see
+STATE_DIRS) at a temporary directory of its own, removed at the end, unless the user set them: the
+user's ~/.cache/h3kernels and the working directory are left as they were.
+
+Slow tests: `slow` marks the tests that take long without a GPU (CPU reference at MiniMax-H3 sizes,
+the Numba simulator, process groups); there they skip unless pytest is given --runslow. A GPU
+machine runs them all."""
 import contextlib
 import os
+import shutil
+import tempfile
 import zlib
 
 import pytest
@@ -46,13 +56,59 @@ def pytest_report_header(config):
     return f"random inputs: {SEED_ENV}={SEED_BASE!r}"
 
 
+# Variables naming where a tool keeps state between runs -> the subdirectory of the session's
+# temporary directory they name during the tests.
+STATE_DIRS = {
+    "H3KERNELS_CACHE_DIR": "h3kernels",  # NVRTC cubins and Numba PTX; else ~/.cache/h3kernels
+    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",  # its example database; else ./.hypothesis
+    "IPYTHONDIR": "ipython",  # the notebook kernels' profile; else ~/.ipython
+    "MPLCONFIGDIR": "matplotlib",  # its font cache; else ~/.cache/matplotlib
+    "CUPY_CACHE_DIR": "cupy",  # CuPy's compiled elementwise kernels (GPU); else ~/.cupy/kernel_cache
+    "TRITON_CACHE_DIR": "triton",  # torch.compile's GPU kernels; else ~/.triton/cache
+}
+_session_state = {}  # "dir": the session's temporary directory, "set": the variables it set
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the tests marked slow, which skip by default on a machine without a GPU")
+
+
+def pytest_configure(config):
+    """Set before any test module is imported, and inherited by the commands the tests run."""
+    root = tempfile.mkdtemp(prefix="h3kernels-tests-")
+    _session_state.update(dir=root, set=[])
+    for name, sub in STATE_DIRS.items():
+        if not os.environ.get(name):
+            os.environ[name] = os.path.join(root, sub)
+            _session_state["set"].append(name)
+
+
+def pytest_unconfigure(config):
+    for name in _session_state.get("set", []):
+        os.environ.pop(name, None)
+    if "dir" in _session_state:
+        shutil.rmtree(_session_state["dir"], ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_state_dir():
+    """The session's temporary directory, and the names of the variables the session set to its
+    subdirectories (those the user had not set)."""
+    return _session_state["dir"], tuple(_session_state["set"])
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    slow = pytest.mark.skip(reason="slow without a GPU: --runslow runs it")
+    run_slow = config.getoption("--runslow")
     for item in items:
         if "gpu" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(no_gpu)
+        elif "slow" in item.keywords and not run_slow:
+            item.add_marker(slow)
 
 
 @pytest.hookimpl(wrapper=True)
