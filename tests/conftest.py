@@ -23,6 +23,27 @@ import zlib
 import pytest
 
 
+# Variables naming where a tool keeps state between runs -> the subdirectory of the session's
+# temporary directory they name during the tests.
+STATE_DIRS = {
+    "H3KERNELS_CACHE_DIR": "h3kernels",  # NVRTC cubins and Numba PTX; else ~/.cache/h3kernels
+    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",  # its example database; else ./.hypothesis
+    "IPYTHONDIR": "ipython",  # the notebook kernels' profile; else ~/.ipython
+    "MPLCONFIGDIR": "matplotlib",  # its font cache; else ~/.cache/matplotlib
+    "CUPY_CACHE_DIR": "cupy",  # CuPy's compiled elementwise kernels (GPU); else ~/.cupy/kernel_cache
+    "TRITON_CACHE_DIR": "triton",  # torch.compile's GPU kernels; else ~/.triton/cache
+    "CUDA_CACHE_PATH": "nv",  # the driver's PTX JIT cache (GPU): the Numba kernels; else ~/.nv/ComputeCache
+}
+# "dir": the session's temporary directory, "set": the variables it set (those the user had not)
+_session_state = {"dir": tempfile.mkdtemp(prefix="h3kernels-tests-"), "set": []}
+# Set on import, before torch starts CUDA below (the driver reads CUDA_CACHE_PATH then) and before
+# any test module is imported; the commands the tests run inherit them.
+for _name, _sub in STATE_DIRS.items():
+    if not os.environ.get(_name):
+        os.environ[_name] = os.path.join(_session_state["dir"], _sub)
+        _session_state["set"].append(_name)
+
+
 def _has_gpu():
     try:
         import torch
@@ -56,46 +77,15 @@ def pytest_report_header(config):
     return f"random inputs: {SEED_ENV}={SEED_BASE!r}"
 
 
-# Variables naming where a tool keeps state between runs -> the subdirectory of the session's
-# temporary directory they name during the tests.
-STATE_DIRS = {
-    "H3KERNELS_CACHE_DIR": "h3kernels",  # NVRTC cubins and Numba PTX; else ~/.cache/h3kernels
-    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",  # its example database; else ./.hypothesis
-    "IPYTHONDIR": "ipython",  # the notebook kernels' profile; else ~/.ipython
-    "MPLCONFIGDIR": "matplotlib",  # its font cache; else ~/.cache/matplotlib
-    "CUPY_CACHE_DIR": "cupy",  # CuPy's compiled elementwise kernels (GPU); else ~/.cupy/kernel_cache
-    "TRITON_CACHE_DIR": "triton",  # torch.compile's GPU kernels; else ~/.triton/cache
-}
-_session_state = {}  # "dir": the session's temporary directory, "set": the variables it set
-
-
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False,
                      help="also run the tests marked slow, which skip by default on a machine without a GPU")
 
 
-def pytest_configure(config):
-    """Set before any test module is imported, and inherited by the commands the tests run."""
-    root = tempfile.mkdtemp(prefix="h3kernels-tests-")
-    _session_state.update(dir=root, set=[])
-    for name, sub in STATE_DIRS.items():
-        if not os.environ.get(name):
-            os.environ[name] = os.path.join(root, sub)
-            _session_state["set"].append(name)
-
-
 def pytest_unconfigure(config):
-    for name in _session_state.get("set", []):
+    for name in _session_state["set"]:
         os.environ.pop(name, None)
-    if "dir" in _session_state:
-        shutil.rmtree(_session_state["dir"], ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def session_state_dir():
-    """The session's temporary directory, and the names of the variables the session set to its
-    subdirectories (those the user had not set)."""
-    return _session_state["dir"], tuple(_session_state["set"])
+    shutil.rmtree(_session_state["dir"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
