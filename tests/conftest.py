@@ -5,12 +5,43 @@ Seeds: a test that draws random inputs takes the `seed` fixture and hands it to 
 of h3kernels.testing.inputs. Each seed is a hash of the test's node id (or fixture's name) and
 of $H3KERNELS_TEST_SEED ("" when unset, so the inputs are the same every run; "random" picks a
 new base per run, shown in the header). A failing test's report has a "random inputs" section
-with its seeds and the base that reproduces them."""
+with its seeds and the base that reproduces them.
+
+Side effects: the session points the kernel cache and the other tools' state directories (see
+STATE_DIRS) at a temporary directory of its own, removed at the end, unless the user set them: the
+user's ~/.cache/h3kernels and the working directory are left as they were.
+
+Slow tests: `slow` marks the tests that take long without a GPU (CPU reference at MiniMax-H3 sizes,
+the Numba simulator, process groups); there they skip unless pytest is given --runslow. A GPU
+machine runs them all."""
 import contextlib
 import os
+import shutil
+import tempfile
 import zlib
 
 import pytest
+
+
+# Variables naming where a tool keeps state between runs -> the subdirectory of the session's
+# temporary directory they name during the tests.
+STATE_DIRS = {
+    "H3KERNELS_CACHE_DIR": "h3kernels",  # NVRTC cubins and Numba PTX; else ~/.cache/h3kernels
+    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",  # its example database; else ./.hypothesis
+    "IPYTHONDIR": "ipython",  # the notebook kernels' profile; else ~/.ipython
+    "MPLCONFIGDIR": "matplotlib",  # its font cache; else ~/.cache/matplotlib
+    "CUPY_CACHE_DIR": "cupy",  # CuPy's compiled elementwise kernels (GPU); else ~/.cupy/kernel_cache
+    "TRITON_CACHE_DIR": "triton",  # torch.compile's GPU kernels; else ~/.triton/cache
+    "CUDA_CACHE_PATH": "nv",  # the driver's PTX JIT cache (GPU): the Numba kernels; else ~/.nv/ComputeCache
+}
+# "dir": the session's temporary directory, "set": the variables it set (those the user had not)
+_session_state = {"dir": tempfile.mkdtemp(prefix="h3kernels-tests-"), "set": []}
+# Set on import, before torch starts CUDA below (the driver reads CUDA_CACHE_PATH then) and before
+# any test module is imported; the commands the tests run inherit them.
+for _name, _sub in STATE_DIRS.items():
+    if not os.environ.get(_name):
+        os.environ[_name] = os.path.join(_session_state["dir"], _sub)
+        _session_state["set"].append(_name)
 
 
 def _has_gpu():
@@ -46,13 +77,28 @@ def pytest_report_header(config):
     return f"random inputs: {SEED_ENV}={SEED_BASE!r}"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the tests marked slow, which skip by default on a machine without a GPU")
+
+
+def pytest_unconfigure(config):
+    for name in _session_state["set"]:
+        os.environ.pop(name, None)
+    shutil.rmtree(_session_state["dir"], ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    slow = pytest.mark.skip(reason="slow without a GPU: --runslow runs it")
+    run_slow = config.getoption("--runslow")
     for item in items:
         if "gpu" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(no_gpu)
+        elif "slow" in item.keywords and not run_slow:
+            item.add_marker(slow)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -104,6 +104,7 @@ def test_info(tmp_path):
         assert doc["gpu"]["arch"] in ("sm_120a", "sm_90", "sm_89")
 
 
+@pytest.mark.slow  # without a GPU: both Numba kernels in the simulator, ~40 s
 def test_check_passes_on_this_device(tmp_path):
     doc = run_json(tmp_path, "check")
     assert doc["mode"] == ("gpu" if GPU else "simulator")
@@ -111,6 +112,7 @@ def test_check_passes_on_this_device(tmp_path):
 
 
 @cpu_only
+@pytest.mark.slow  # prepares MiniMax-H3-sized weights on the CPU, ~35 s
 def test_demo_on_the_cpu_runs_the_reference_at_the_sizes_given(tmp_path):
     doc = run_json(tmp_path, "demo", "--rows", "3", "--segments", "16,0,9", "40x2")
     assert doc["device"] == "cpu" and doc["runs"] == "reference" and doc["ok"]

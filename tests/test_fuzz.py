@@ -24,7 +24,6 @@ from numba.cuda import config
 
 SIM = bool(config.ENABLE_CUDASIM)
 GPU_EXAMPLES = int(os.environ.get("H3KERNELS_FUZZ_EXAMPLES", "200"))
-SIM_EXAMPLES = 6
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
@@ -46,30 +45,43 @@ def segment_lists(max_len, max_segments):
 
 # --- CPU: the simulator ----------------------------------------------------------------------------
 
+# Each simulator test draws 2 cases by default and, with --runslow, 6 more in a run of their own
+# (an attention case takes ~8 s on two cores).
+SIM_EXAMPLES = [2, pytest.param(6, marks=pytest.mark.slow)]
+
+
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
 # rows of magnitude up to 1e20 overflow the sum of squares in FP32 (r = 0), as on the GPU: the
 # simulator's numpy says so; whether an example has one is hypothesis' draw
 @pytest.mark.filterwarnings("ignore:overflow encountered in scalar multiply:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
-@settings(max_examples=SIM_EXAMPLES, deadline=None, suppress_health_check=SLOW)
-@given(case=mlp_rows(max_m=3, max_rows=8), seed=st.integers(0, 2**31 - 1))
-def test_simulator_row_kernel_fuzz(case, seed):
-    m, rows, index = case
-    x, w, sc, sh, idx = fuzz_row_inputs(index, rows, seed)
-    a_q, a_s = numba_check.row_stage(x, w, sc, sh, idx)
-    q, s = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
-    assert_same_bits(torch.from_numpy(a_q), q.view(torch.uint8), "a_q")
-    assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
+@pytest.mark.parametrize("examples", SIM_EXAMPLES)
+def test_simulator_row_kernel_fuzz(examples):
+    @settings(max_examples=examples, deadline=None, suppress_health_check=SLOW)
+    @given(case=mlp_rows(max_m=3, max_rows=8), seed=st.integers(0, 2**31 - 1))
+    def row_kernel(case, seed):
+        m, rows, index = case
+        x, w, sc, sh, idx = fuzz_row_inputs(index, rows, seed)
+        a_q, a_s = numba_check.row_stage(x, w, sc, sh, idx)
+        q, s = R.quantize_rows(R.mlp_row_stage(x, w, sc, sh, idx))
+        assert_same_bits(torch.from_numpy(a_q), q.view(torch.uint8), "a_q")
+        assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
+
+    row_kernel()
 
 
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
-@settings(max_examples=SIM_EXAMPLES, deadline=None, suppress_health_check=SLOW)
-@given(seqlens=segment_lists(max_len=140, max_segments=4), heads=st.integers(1, 2),
-       k_offset=st.sampled_from([0.0, 40.0]), seed=st.integers(0, 2**31 - 1))
-def test_simulator_attention_quantization_fuzz(seqlens, heads, k_offset, seed):
-    q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed, k_offset=k_offset)
-    mismatches = numba_check.attention_pass_mismatches(q, k, v, cu)
-    assert not mismatches, f"differ from the reference: {mismatches}"
+@pytest.mark.parametrize("examples", SIM_EXAMPLES)
+def test_simulator_attention_quantization_fuzz(examples):
+    @settings(max_examples=examples, deadline=None, suppress_health_check=SLOW)
+    @given(seqlens=segment_lists(max_len=140, max_segments=4), heads=st.integers(1, 2),
+           k_offset=st.sampled_from([0.0, 40.0]), seed=st.integers(0, 2**31 - 1))
+    def attention_quantization(seqlens, heads, k_offset, seed):
+        q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed, k_offset=k_offset)
+        mismatches = numba_check.attention_pass_mismatches(q, k, v, cu)
+        assert not mismatches, f"differ from the reference: {mismatches}"
+
+    attention_quantization()
 
 
 # --- GPU: both operators end to end ----------------------------------------------------------------

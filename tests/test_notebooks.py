@@ -15,6 +15,9 @@ EXPECT = {"01_quickstart": ["reference vs float64 softmax: rel L2"],
           "02_accuracy": ["y: every element within its bound: True", "out: every element within its bound: True"],
           "03_performance": ["attention ", "ridge point, mma.sync:", "MLP form 3", "attention form 3"]}
 RUNS = [(p, p.parent) for p in NOTEBOOKS] + [(p, ROOT) for p in NOTEBOOKS if p.stem == "03_performance"]
+# On the CPU these two build MiniMax-H3-sized weights and take the reference's exact sums: about
+# a minute each on two cores.
+SLOW_ON_CPU = {"01_quickstart", "02_accuracy"}
 
 
 def has_jupyter():
@@ -38,7 +41,8 @@ def absolute_pythonpath(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *entries]))
 
 
-@pytest.mark.parametrize("path,cwd", RUNS, ids=[f"{p.stem} in {d.relative_to(ROOT) or '.'}" for p, d in RUNS])
+@pytest.mark.parametrize("path,cwd", [pytest.param(p, d, marks=[pytest.mark.slow] if p.stem in SLOW_ON_CPU else [],
+                                                   id=f"{p.stem} in {d.relative_to(ROOT) or '.'}") for p, d in RUNS])
 def test_notebook_runs(path, cwd, monkeypatch):
     absolute_pythonpath(monkeypatch)
     if has_jupyter():

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow  # test_launch compiles each kernel for sm_120 too, by the path the launches take
 def test_numba_kernels_compile_to_ptx_outside_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))

@@ -1,5 +1,6 @@
-"""Packaging: setup.cfg names every subpackage and every kernel source, and a non-editable install
-built from the repository's files (as a clean clone has them) finds its CUDA sources."""
+"""Packaging: setup.cfg names every subpackage and every kernel source, a non-editable install
+built from the repository's files (as a clean clone has them) finds its CUDA sources, and CI's
+check on pip's output finds the releases pip downloaded and dropped."""
 import configparser
 import importlib.util
 import json
@@ -95,7 +96,8 @@ def installed_wheel(tmp_path_factory):
     if files is None:
         pytest.skip("needs git to list the repository's files")
     if not _can_build_without_network():
-        pytest.skip("needs setuptools >= 70.1 (or setuptools with wheel) to build offline")
+        pytest.skip("needs setuptools >= 70.1, which the test extra installs (or setuptools with wheel), "
+                    "to build offline")
     base = tmp_path_factory.mktemp("packaging")
     clone = base / "clone"
     for name in files:
@@ -157,3 +159,33 @@ def test_cli_info_runs():
     out = subprocess.run([sys.executable, "-m", "h3kernels", "info"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "compile cache:" in out.stdout
+
+
+def _pip_refetches():
+    spec = importlib.util.spec_from_file_location("pip_refetches", REPO / ".ci" / "pip_refetches.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.refetches
+
+
+def test_ci_finds_releases_pip_downloaded_and_dropped():
+    """.ci/run's check on pip's output, on the lines pip printed when the cuda12 extra did not yet
+    cap cuda-bindings and nvjitlink."""
+    log = """\
+Collecting cuda-bindings<14.0.0,>=12.9.1 (from numba-cuda[cu12]>=0.30->h3kernels==0.1.0)
+  Downloading cuda_bindings-13.5.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl (8.4 MB)
+Collecting cuda-bindings<14.0.0,>=12.9.1 (from numba-cuda[cu12]>=0.30->h3kernels==0.1.0)
+  Using cached cuda_bindings-12.9.4-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl (12.2 MB)
+Processing /wheels/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl (from h3kernels==0.1.0)
+Collecting torch>=2.8 (from h3kernels==0.1.0)
+  Downloading torch-2.10.0-3-cp311-cp311-manylinux_2_28_x86_64.whl (915.5 MB)
+Collecting nvidia-nvjitlink-cu12==12.8.* (from h3kernels==0.1.0)
+  Downloading nvidia_nvjitlink_cu12-12.8.93-py3-none-manylinux2010_x86_64.whl.metadata (1.7 kB)
+  Downloading nvidia_nvjitlink_cu12-12.8.93-py3-none-manylinux2010_x86_64.whl (39.3 MB)
+Collecting python-dateutil>=2.7 (from matplotlib->h3kernels==0.1.0)
+  Downloading https://example.org/python-dateutil-2.9.0.tar.gz (342 kB)
+  Downloading https://example.org/python_dateutil-2.9.0-py2.py3-none-any.whl (229 kB)
+""".splitlines()
+    # a wheel read from a local directory costs no download; a wheel's metadata and an sdist and a
+    # wheel of one version are one release
+    assert _pip_refetches()(log) == {"cuda-bindings": ["13.5.0", "12.9.4"]}

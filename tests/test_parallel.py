@@ -121,7 +121,9 @@ def rank_cases(rank, world, seed):
     return res
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"{w}ranks")
+# Each world size is a process group of its own to start (~10 s on two cores); 2 and 3 ranks
+# already give even and uneven splits, empty ranks and segments crossing ranks.
+@pytest.fixture(scope="module", params=[2, 3, pytest.param(4, marks=pytest.mark.slow)], ids=lambda w: f"{w}ranks")
 def ranks(request, seed_of):
     world = request.param
     seed = seed_of(f"parallel-{world}")
@@ -403,6 +405,7 @@ def test_attn_forward_refuses_bad_arguments_before_any_work(bad, exc, msg):
     assert not called
 
 
+@pytest.mark.slow  # the reference MLP at MiniMax-H3 sizes, four times
 def test_mlp_is_token_parallel_bitwise(seed):
     """Each rank's token range through the reference MLP, with the same weights and AdaLN tables,
     is that slice of the whole batch's output, bit for bit: no row depends on another."""
