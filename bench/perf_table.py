@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +60,10 @@ def tables(data, command=None):
     """The generated block: the run's line, then one table per operator present in the file."""
     ceilings = ", ".join(f"{c['family']} (form {c['form']}) {c['tflops']:.0f}" for c in data.get("ceilings", [])
                          if c.get("tflops"))
-    lines = [f"{data['date']}, one {data['device']}: `{run_command(data, command)}`. e4m3 ceilings measured in "
-             f"the same run: {ceilings} TFLOP/s. Times are CUDA-event medians of back-to-back calls of the whole "
-             "operator; \"ours / peer\" is the peer's time over ours (above 1: ours is faster).", ""]
+    run = (f"{data['date']}, one {data['device']}: `{run_command(data, command)}`. e4m3 ceilings measured in "
+           f"the same run: {ceilings} TFLOP/s. Times are CUDA-event medians of back-to-back calls of the whole "
+           "operator; \"ours / peer\" is the peer's time over ours (above 1: ours is faster).")
+    lines = [*textwrap.wrap(run, 100, break_long_words=False, break_on_hyphens=False), ""]
     for op, label in OPERATORS:
         rows = [r for r in data["rows"] if r["op"] == op]
         if rows:
