@@ -26,7 +26,7 @@ block, no timing: --rows and --reps are the GPU block's.
 Exit status of each rank: 0 when it ran (on the CPU path: and the comparisons held), 1 when a CPU
 comparison failed, 2 on bad arguments, 3 with --device cuda and no CUDA GPU for this rank.
 torchrun itself exits 0 when every rank exits 0 and 1 otherwise, after a ChildFailedError report
-that lists each failed rank's exitcode.
+that lists each failed rank's exitcode (-15 for a rank it stopped once another had failed).
 """
 import argparse
 import os

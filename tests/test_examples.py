@@ -75,4 +75,6 @@ def test_sequence_parallel_example_statuses():
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = torchrun(2, "--device", "cuda", timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert len(re.findall(r"exitcode\s*:\s*3", out.stderr)) == 2, out.stderr
+    # each rank that failed reports 3; one that torchrun stopped first, once another had failed, -15
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out.stderr)
+    assert "3" in codes and set(codes) <= {"3", "-15"}, out.stderr
