@@ -134,12 +134,11 @@ def test_plan_sizes_its_workspace_for_the_larger_gemm(sms):
     assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 x 11
     ctas, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
     assert (ctas, held) == (132, None)
-    assert fields == dict(split_whole=660, split_parts=11, partials=(1 << 20) + 256, counters=1 << 20)
+    assert fields == (660, 11, (1 << 20) + 256, 1 << 20)  # split_whole, split_parts, partials, counters
     full = hopper.plan(0, 132 * hopper.BM)  # both GEMMs' waves full: no split, no workspace
     assert full.workspace_bytes == 0 and full.split == ((132, 132 * 112, 1), (132, 132 * 21, 1))
     call = FakeCall()
-    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, dict(split_whole=132 * 21, split_parts=1, partials=0,
-                                                                      counters=0), None)
+    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, (132 * 21, 1, 0, 0), None)
     assert call.done == []
 
 
@@ -154,9 +153,10 @@ def test_a_launch_without_a_workspace_zeroes_one_of_its_own(sms):
     call = FakeCall()
     ctas, fields, held = hopper.walk(call, 1, 1, None)
     p = hopper.plan(0, 1)
-    assert (ctas, fields["split_whole"], fields["split_parts"]) == (126, 0, 6) and held is not None
+    whole, parts, partials, counters = fields
+    assert (ctas, whole, parts) == (126, 0, 6) and held is not None
     assert call.done == [("empty", (p.workspace_bytes,), "float8_e4m3fn"), ("zero", p.counter_bytes)]
-    assert fields["counters"] == held.data_ptr() and fields["partials"] == fields["counters"] + p.counter_bytes
+    assert counters == held.data_ptr() and partials == counters + p.counter_bytes
 
 
 class FakeGate:
@@ -187,6 +187,10 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     monkeypatch.setattr(hopper, "kernel", lambda device_id, name, build: Kernel(name, build))
     monkeypatch.setattr(hopper, "tensor_map",
                         lambda address, rows, pitch, box_rows, row_bytes: (address, rows, box_rows))
+    for values in (hopper.fc1_values, hopper.quant_values, hopper.fc2_values):
+        values.cache_clear()  # built with the stand-in maps below, and dropped after
+    monkeypatch.setattr(hopper, "fc1_values", hopper.fc1_values.__wrapped__)
+    monkeypatch.setattr(hopper, "fc2_values", hopper.fc2_values.__wrapped__)
     monkeypatch.setattr(hopper, "strides_elems", lambda t: t.stride())
     monkeypatch.setattr(hopper, "data_ptr", lambda t: t.data_ptr())
     call = FakeCall()
@@ -205,6 +209,28 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
                                                                                       0xb0, 0xc0)
     assert launched == [hopper.FC1, hopper.QUANT, hopper.FC2]
     assert mlp_fp8.launch_fc1(call, targets.WGMMA_FORM, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1 << 20).values == fc1.values
+
+
+def test_repeated_launch_values_are_one_struct_packed_once(monkeypatch):
+    """The same numbers give the same parameter struct (fc1_values is cached), and the launcher
+    packs a struct it packed last time no more."""
+    monkeypatch.setattr(hopper, "tensor_map", lambda *args: bytes(128))
+    hopper.fc1_values.cache_clear()
+    a = hopper.fc1_values(3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0)
+    assert hopper.fc1_values(3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0) is a
+
+    class Fn:
+        ptr = 1
+
+    k = launcher.Kernel(Fn(), 0, hopper._PARAMS[hopper.FC1])
+    k._launch = lambda *args: None
+    packed = []
+    k._struct = type("Counting", (), {"pack_into": lambda self, *args: packed.append(args[2])})()
+    for _ in range(3):
+        k.launch(7, (1, 1), 384, a)
+    k.launch(7, (1, 1), 384, a._replace(M=1))
+    assert len(packed) == 2
+    hopper.fc1_values.cache_clear()  # its entry holds the stand-in maps
 
 
 def test_the_mma_sync_builds_are_values_too():

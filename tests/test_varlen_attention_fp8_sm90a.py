@@ -120,6 +120,7 @@ def test_varlen_sm90a_constants_fit_the_kernel_and_sm90():
 
 def test_varlen_sm90a_maps_cover_the_workspace(monkeypatch):
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
+    monkeypatch.setattr(hopper, "launch_values", hopper.launch_values.__wrapped__)  # no cached real maps
     assert hopper.maps(1, 10, 2, 12, 3, 4, 256) == ((1, 10, 4 * 128, 128), (2, 12, 4 * 128, 128),
                                                     (3, 4 * 128, 256, 128))
 
@@ -387,6 +388,7 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     launched = []
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
+    monkeypatch.setattr(hopper, "launch_values", hopper.launch_values.__wrapped__)  # no cached real maps
     monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")
     q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
     out, lse = torch.zeros_like(q), torch.zeros(heads, cu[-1])

@@ -139,18 +139,18 @@ def plan_for(m, slots):
 
 
 def walk(call, m, gemm, split):
-    """(CTAs, the GEMM's SplitK fields, an array to hold until the launch is queued) of FC1
-    (gemm 0) or FC2 (1). split: the workspace (an address, its counters zero), or None: the
-    launch zeroes one of its own on the call's stream."""
+    """(CTAs, the GEMM's SplitK fields (split_whole, split_parts, partials, counters), an array to
+    hold until the launch is queued) of FC1 (gemm 0) or FC2 (1). split: the workspace (an
+    address, its counters zero), or None: the launch zeroes one of its own on the call's stream."""
     p = plan(call.device_id, m)
     ctas, whole, parts = p.split[gemm]
     if parts == 1:
-        return ctas, dict(split_whole=whole, split_parts=1, partials=0, counters=0), None
+        return ctas, (whole, 1, 0, 0), None
     held = None
     if split is None:
         held = workspace(call, m)
         split = data_ptr(held)
-    return ctas, dict(split_whole=whole, split_parts=parts, partials=split + p.counter_bytes, counters=split), held
+    return ctas, (whole, parts, split + p.counter_bytes, split), held
 
 
 def workspace(call, m):
@@ -166,22 +166,45 @@ def workspace(call, m):
     return held
 
 
+# The parameter values of each kernel, a function of the call's numbers alone: a call that repeats
+# them (the usual case: the same buffers every step) reuses the one struct, whose image the
+# launcher then keeps instead of packing it again.
+@functools.lru_cache(maxsize=256)
+def fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
+    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, BN, BK),
+                        a_scale=a_scale, w1_scale=w1_scale, y=y, M=m, split_whole=split_whole,
+                        split_parts=split_parts, partials=partials, counters=counters)
+
+
+@functools.lru_cache(maxsize=256)
+def quant_values(y, y_q, y_scale):
+    return _PARAMS[QUANT](y=y, y_q=y_q, y_scale=y_scale)
+
+
+@functools.lru_cache(maxsize=256)
+def fc2_values(m, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual, out,
+               split_whole, split_parts, partials, counters):
+    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, BN, BK),
+                        y_scale=y_scale, w2_scale=w2_scale, gate=gate, gate_stride=gate_stride, gate_rows=gate_rows,
+                        adaln_index=adaln_index, residual=residual, out=out, M=m, split_whole=split_whole,
+                        split_parts=split_parts, partials=partials, counters=counters)
+
+
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=None, build=SHIPPED):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most),
     the last wave's tiles split over K as plan() says. Arguments are addresses; split as in
     walk(). Returns the LaunchRecord."""
     fc1 = kernel(call.device_id, FC1, build)
     ctas, split_fields, _held = walk(call, m, 0, split)
-    values = _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, BN, BK),
-                          a_scale=a_scale, w1_scale=w1_scale, y=y, M=m, **split_fields)
-    return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, values)
+    return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
+                      fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
 
 
 def launch_y_quant(call, m, y, y_q, y_scale, build=SHIPPED):
     """y_q, y_scale <- the per-token e4m3 quantization of y (addresses), one CTA per row.
     Returns the LaunchRecord."""
-    values = _PARAMS[QUANT](y=y, y_q=y_q, y_scale=y_scale)
-    return kernel(call.device_id, QUANT, build).launch(call.stream_ptr, (m, 1), build.quant_threads, values)
+    return kernel(call.device_id, QUANT, build).launch(call.stream_ptr, (m, 1), build.quant_threads,
+                                                       quant_values(y, y_q, y_scale))
 
 
 def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, split=None,
@@ -191,11 +214,9 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     LaunchRecord."""
     fc2 = kernel(call.device_id, FC2, build)
     ctas, split_fields, _held = walk(call, m, 1, split)
-    values = _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, BN, BK),
-                          y_scale=y_scale, w2_scale=w2_scale, gate=data_ptr(gate), gate_stride=strides_elems(gate)[0],
-                          gate_rows=gate.shape[0], adaln_index=adaln_index, residual=residual, out=out, M=m,
-                          **split_fields)
-    return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS, values)
+    return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
+                      fc2_values(m, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
+                                 gate.shape[0], adaln_index, residual, out, *split_fields))
 
 
 def launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, split=None,

@@ -241,13 +241,9 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
         lse_ptr = 0 if lse is None else data_ptr(lse)
         tokens = int(q.shape[0])
         if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
-            map_q, map_k, map_v = hopper.maps(base + o_q8, tokens, base + o_k8, ws_tokens, base + o_v8t, heads,
-                                              n * K_BLOCK)
-            values = hopper.PARAMS(
-                map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
-                s_q=base + o_sq, s_k=base + o_sk, s_v=s_v, out=data_ptr(out), heads=heads,
-                scale_log2=scale * LOG2E, lse=lse_ptr, q=data_ptr(q), mu=mu, tokens=tokens, softmax_scale=scale,
-                q_bounds=q_bounds)
+            values = hopper.launch_values(base + o_q8, base + o_k8, base + o_v8t, ws_tokens, n * K_BLOCK, tiles,
+                                          n_tiles, block_offset, base + o_sq, base + o_sk, s_v, data_ptr(out), heads,
+                                          scale * LOG2E, lse_ptr, data_ptr(q), mu, tokens, scale, q_bounds)
             return hopper.launch(call, n_tiles, build, values)
         f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
         return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,

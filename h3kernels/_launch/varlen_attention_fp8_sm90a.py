@@ -7,6 +7,7 @@ The quantization passes, the workspace and the plan are the mma.sync kernel's
 (h3kernels/_launch/varlen_attention_fp8.py, whose _attend sends form 3 here).
 """
 import dataclasses
+import functools
 from typing import ClassVar
 
 from h3kernels._launch import varlen_attention_fp8_plan as plan
@@ -72,6 +73,19 @@ def maps(q8, q_rows, k8, k_rows, v8t, heads, v_pitch):
     pitch = heads * HD
     return (tensor_map(q8, q_rows, pitch, BQ), tensor_map(k8, k_rows, pitch, KSB),
             tensor_map(v8t, heads * HD, v_pitch, HD))
+
+
+@functools.lru_cache(maxsize=256)
+def launch_values(q8, k8, v8t, k_rows, v_pitch, tiles, n_tiles, block_offset, s_q, s_k, s_v, out, heads, scale_log2,
+                  lse, q, mu, tokens, softmax_scale, q_bounds):
+    """PARAMS of a launch, its maps those of the workspace's q8 (tokens rows), k8 (k_rows) and v8t
+    (v_pitch keys). A function of these numbers alone: a call that repeats them (the same buffers
+    and segments every step) reuses the one struct, whose image the launcher keeps instead of
+    packing it again."""
+    map_q, map_k, map_v = maps(q8, tokens, k8, k_rows, v8t, heads, v_pitch)
+    return PARAMS(map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
+                  s_q=s_q, s_k=s_k, s_v=s_v, out=out, heads=heads, scale_log2=scale_log2, lse=lse, q=q, mu=mu,
+                  tokens=tokens, softmax_scale=softmax_scale, q_bounds=q_bounds)
 
 
 def launch(call, n_tiles, build, values):

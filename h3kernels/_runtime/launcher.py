@@ -97,6 +97,7 @@ class Kernel:
         self._caps = {}
         self._lock = threading.Lock()
         self._packed = None  # the tuple whose values the buffer holds
+        self._immutable = (tuple, params.values) if isinstance(params, ParamStruct) else (tuple,)
         if isinstance(params, ParamStruct):  # kernelParams: the struct's image, its one parameter
             self._struct = struct.Struct(params.format)
             self._buf = np.zeros(max(self._struct.size, 8), np.uint8)
@@ -124,9 +125,10 @@ class Kernel:
         ParamStruct's values for a struct kernel). Returns the LaunchRecord."""
         with self._lock:
             # The buffer still holds the last tuple packed: a launch with that same tuple (the
-            # launch layers reuse the tuples of repeated parameters) skips the packing. A tuple
-            # cannot change, and holding it keeps its identity from being reused.
-            if values is not self._packed or type(values) is not tuple:
+            # launch layers reuse the tuples of repeated parameters) skips the packing. A tuple,
+            # or a ParamStruct's values, cannot change, and holding it keeps its identity from
+            # being reused.
+            if values is not self._packed or type(values) not in self._immutable:
                 self._packed = None  # a failed packing leaves the buffer matching no tuple
                 self._struct.pack_into(self._buf, 0, *values)
                 self._packed = values
