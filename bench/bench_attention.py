@@ -21,6 +21,11 @@ Methods, per set:
                 torch.nn.attention.varlen.varlen_attn, else aten._flash_attention_forward with
                 cum_seq_q/k (the label says which)
   cuDNN varlen  aten._cudnn_attention_forward with cum_seq_q/k, if this torch takes them
+  FA3 bf16, FA3 FP8 kernel, cuDNN FP8 kernel
+                where installed (the `bench` extra installs fa3-fwd; the cuDNN frontend is
+                installed by hand, README): h3kernels.peers.fp8_attention. The FP8 ones as their
+                kernel alone on operands quantized beforehand (FA3: a scale per segment and head;
+                cuDNN: per tensor, equal-length sets only, e4m3 output)
   ceiling       the e4m3 ceiling of each family's instructions (h3kernels.cli.bench.
                 ceiling_tflops: wgmma for form 3, mma.sync otherwise), before and after the sets;
                 the higher is used, and each family's %ceil is against its own
@@ -49,6 +54,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -61,6 +67,7 @@ from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.constants import H3_HEADS
 from h3kernels.testing.timing import attention_flops, attention_kernel_alone, attention_quant_pass_bytes
 from h3kernels.testing.timing import QUANT_PASSES_OF_COPY_WANTED, copy_bandwidth_gbs, median_ms, median_ms_batched
+from h3kernels.peers import fp8_attention
 from h3kernels.peers.torch_attention import SegmentedSDPA
 
 from bench_common import ceiling_tflops, elapsed, host_ms, log, short
@@ -70,7 +77,9 @@ SETS = (("4x4096", [4096] * 4), ("16x1024", [1024] * 16), ("1x16384", [16384]),
         ("7000+3000+6000+384", [7000, 3000, 6000, 384]), ("1x65536", [65536]))
 QUICK = ("4x4096", "1x16384")
 SAMPLE_TOKENS = 4096  # tokens compared per set (plus every segment's first and last)
-PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"), ("cudnn_varlen", "cuDNN varlen"))
+PEERS = (("cudnn", "cuDNN SDPA"), ("flash", "flash SDPA"), ("varlen", "varlen"), ("cudnn_varlen", "cuDNN varlen"),
+         *((key, label) for key, label, _ in fp8_attention.PEERS))
+FP8_PEERS = {key for key, _, _ in fp8_attention.PEERS if key != "fa3"}  # FP8 rounding: no "!" for their distance
 PEER_OK_REL_L2 = 0.02  # a bf16 peer further than this from the reference is marked "!"
 H3REF_OK_REL_L2 = 0.03  # ours vs h3kernels.reference on long segments (docs/spec.md, Accuracy bounds)
 
@@ -225,6 +234,15 @@ def run_peers(r, args, st, dev):
             record(key, label, lambda: f(q, k, v, cu, m), lambda o, i: o[i], "one call on the packed tensors")
         else:
             r[key] = dict(error=st["varlen_absent"].get(key, "absent"), absent=True)
+    for key, label, make in fp8_attention.PEERS:  # where installed; the FP8 ones as their kernel alone
+        try:
+            fn = make(s["q"], s["k"], s["v"], s["cu_host"], 1 / math.sqrt(s["q"].shape[2]))
+        except Exception as err:
+            r[key] = dict(error=short(err), label=label, absent=isinstance(err, fp8_attention.PeerUnavailable))
+            log(f"  {key:12s} {'absent' if r[key]['absent'] else 'failed'}: {short(err)}")
+            continue
+        how = "one call on the packed tensors" + ("" if key == "fa3" else ", operands quantized beforehand")
+        record(key, label, fn, lambda o, i: o[i].to(BF), how)
 
     ref_key = next((key for key in ("cudnn", "flash") if key in samples), None)
     if ref_key is None:
@@ -415,7 +433,7 @@ def table(results, ceils, device, st):
                 p = r.get(key, {})
                 if "tflops" in p:
                     mark = ("*" if p.get("per_segment") else "") + (
-                        "!" if p.get("rel_l2_vs_ref", 0) > PEER_OK_REL_L2 else "")
+                        "!" if key not in FP8_PEERS and p.get("rel_l2_vs_ref", 0) > PEER_OK_REL_L2 else "")
                     cell = f"{p['tflops']:.0f}{mark}" + (f" ({tf / p['tflops']:.2f}x)" if ok else "")
                 else:
                     cell = "-" if p.get("absent") or not p else "failed"
