@@ -20,13 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- perf_table: begin (written by bench/perf_table.py; edit the JSON, not this) -->"
 END = "<!-- perf_table: end -->"
 OPERATORS = (("mlp", "MLP (`minimax_h3_mlp_fp8`)"), ("attention", "Attention (`minimax_h3_varlen_attention_fp8`)"))
-FAMILY = {3: "wgmma", 0: "mma.sync", 2: "mma.sync"}
 
 
 def run_command(data, given=None):
     if given:
         return given
-    if data.get("command"):
+    if data.get("command", "").startswith("python"):  # `bench --json` writes its own name, "bench", there
         return data["command"]
     found = re.search(r"`(python3? -m h3kernels bench[^`]*)`", data.get("source", ""))
     return found.group(1) if found else "python -m h3kernels bench --json PATH"
@@ -36,8 +35,9 @@ def _num(x, fmt):
     return "" if x is None else format(x, fmt)
 
 
-def operator_table(rows, label):
-    """A markdown table of one operator's rows (in the file's order), peers included."""
+def operator_table(rows, label, family):
+    """A markdown table of one operator's rows (in the file's order), peers included; family:
+    {form: its instruction family}."""
     second = any("peer2" in r for r in rows)
     head = ["case", "form", "ours ms", "TFLOP/s", "% of its family's ceiling", "peer", "peer ms", "ours / peer"]
     if second:
@@ -45,7 +45,7 @@ def operator_table(rows, label):
     lines = [f"**{label}**", "", "| " + " | ".join(head) + " |",
              "| " + " | ".join("---" if i in (0, 1, 5, 8) else "---:" for i in range(len(head))) + " |"]
     for r in rows:
-        form = f"{r['form']} ({FAMILY.get(r['form'], '?')})"
+        form = f"{r['form']} ({family.get(r['form'], '?')})"
         cells = [r["case"], form, f"{r['ours_ms']:.3f}", _num(r.get("ours_tflops"), ".0f"),
                  _num(r.get("pct_ceiling"), ".1f") + ("%" if r.get("pct_ceiling") is not None else ""),
                  r["peer"], f"{r['peer_ms']:.3f}", f"{r['peer_ms'] / r['ours_ms']:.2f}x"]
@@ -64,10 +64,11 @@ def tables(data, command=None):
            f"the same run: {ceilings} TFLOP/s. Times are CUDA-event medians of back-to-back calls of the whole "
            "operator; \"ours / peer\" is the peer's time over ours (above 1: ours is faster).")
     lines = [*textwrap.wrap(run, 100, break_long_words=False, break_on_hyphens=False), ""]
+    family = {c["form"]: c["family"] for c in data.get("ceilings", [])}  # as the bench named them
     for op, label in OPERATORS:
         rows = [r for r in data["rows"] if r["op"] == op]
         if rows:
-            lines += operator_table(rows, label) + [""]
+            lines += operator_table(rows, label, family) + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

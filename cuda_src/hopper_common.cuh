@@ -55,15 +55,15 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
       : "memory");
 }
 
-// A position in a ring of STAGES buffers guarded by full / empty barrier pairs: the stage index
-// and the parity of the barrier phase to wait on, which flips each time the index wraps. The
+// A position in a ring of N buffers guarded by full / empty barrier pairs: the stage index and
+// the parity of the barrier phase to wait on, which flips each time the index wraps. The
 // producer and every consumer each keep one and advance it once per stage they are done with.
-template <int STAGES>
+template <int N>
 struct PipelineState {
   int index = 0;
   u32 phase = 0;
   __device__ __forceinline__ void advance() {
-    if (++index == STAGES) {
+    if (++index == N) {
       index = 0;
       phase ^= 1;
     }
@@ -94,24 +94,20 @@ __device__ __forceinline__ void regs_alloc() {
 }
 
 // --- wgmma ---------------------------------------------------------------------------------
-// Descriptor of a K-major, swizzled operand at shared address `addr`, rows of ROW bytes (128:
-// the 128B swizzle, 1024-byte aligned tiles; 64: the 64B swizzle, what a TMA box of 64-byte rows
-// with CU_TENSOR_MAP_SWIZZLE_64B writes, 512-byte aligned): leading byte offset 16 (unused by
-// these layouts, 1 by convention), stride byte offset 8 ROW (8 rows between core-matrix
-// groups), layout type 1 (128B) or 2 (64B) in bits 62-63. Advancing K by 32 e4m3 values inside
-// the row adds 32 bytes to the address.
+// Descriptor of a K-major operand at shared address `addr` in the 128B swizzle (rows of 128
+// bytes, 1024-byte aligned tiles: what a TMA box of 128-byte rows with
+// CU_TENSOR_MAP_SWIZZLE_128B writes): leading byte offset 16 (unused by this layout, 1 by
+// convention), stride byte offset 1024 (8 rows between core-matrix groups), layout type 1 in
+// bits 62-63. Advancing K by 32 e4m3 values inside the row adds 32 bytes to the address.
 // As a low word (start address, leading byte offset) plus a byte step: a group of k steps
 // builds the word once and adds each step to it. A shared address (below 2^18) over 16 is the
 // word's 14-bit field, and a step inside the same tile never carries out of it.
 __device__ __forceinline__ u32 wgmma_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-template <u32 ROW = 128>
 __device__ __forceinline__ u64 wgmma_desc_at(u32 lo, u32 step_bytes) {
-  static_assert(ROW == 128 || ROW == 64, "the 128B or the 64B swizzle");
-  constexpr u32 hi = ((8 * ROW) >> 4) | ((ROW == 128 ? 1u : 2u) << 30);
+  constexpr u32 hi = ((8 * 128) >> 4) | (1u << 30);
   return ((u64)hi << 32) | (u64)(lo + (step_bytes >> 4));
 }
-template <u32 ROW = 128>
-__device__ __forceinline__ u64 wgmma_desc(u32 addr) { return wgmma_desc_at<ROW>(wgmma_desc_lo(addr), 0); }
+__device__ __forceinline__ u64 wgmma_desc(u32 addr) { return wgmma_desc_at(wgmma_desc_lo(addr), 0); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

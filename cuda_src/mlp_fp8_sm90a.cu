@@ -167,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
   #pragma unroll
         for (int j0 = 0; j0 < HALF_N / 8; j0 += FC2_EPI_BLOCKS) {
           u32 res[FC2_EPI_BLOCKS];
-          u16 gates[FC2_EPI_BLOCKS][2];  // scalar loads, as before: the scale vectors may start at any float
+          u16 gates[FC2_EPI_BLOCKS][2];  // scalar loads: the scale vectors may start at any float
           float w_scale[FC2_EPI_BLOCKS][2];
   #pragma unroll
           for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {

@@ -1,6 +1,6 @@
 // The persistent wgmma GEMM of mlp_fp8_sm90a.cu: acc = A . B^T over K bytes of e4m3 for every
 // BM x BN output tile of this CTA, handed to an epilogue in registers. Needs the build's
-// constants (mlp_fp8_sm90a.cu) and hopper_common.cuh.
+// constants (mlp_fp8_sm90a.cu), hopper_common.cuh and mlp_fp8_common.cuh (the tile walk).
 //
 // The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
 // the TMA loads of a STAGES-deep ring of K slices (BM rows of A and BN rows of B, 128 bytes of
@@ -77,7 +77,7 @@ static constexpr int GEMM_THREADS = 384;  // 3 warpgroups
 static constexpr int CONSUMER_WARPS = 8;
 static constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
 
-__device__ __forceinline__ u64 operand_desc(u32 addr) { return wgmma_desc<BK>(addr); }
+__device__ __forceinline__ u64 operand_desc(u32 addr) { return wgmma_desc(addr); }
 
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
 // in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,

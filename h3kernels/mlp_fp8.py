@@ -113,8 +113,7 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
     missing = tuple(name for name, p in ptr.items() if p is None and not (wgmma and name == "flags"))
     size, at = launch.scratch_layout(m, missing, plan.workspace_bytes if wgmma else 0)
     if size:
-        scratch = call.empty((size,), arrays.E4M3)
-        workspace.keep_if_captured(call, scratch)  # a captured graph points at it
+        scratch = workspace.scratch(call, size)
         base = arrays.data_ptr(scratch)
         for name, offset in at.items():
             ptr[name] = base + offset

@@ -29,6 +29,14 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
     those of the mean-centred K; the shift softmax_scale * q . mean(K) is added back), what
     merging partial attentions (sequence parallelism) needs."""
     want_lse = checks.return_lse(return_lse)
+    res, lse, _ = attend(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form, want_lse)
+    return (res, lse) if want_lse else res
+
+
+def attend(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_form, want_lse, keep=None):
+    """minimax_h3_varlen_attention_fp8's work: (out, lse or None, the attention kernel's
+    LaunchRecord or None). keep, a list when given, receives what a replay of the record reads
+    (launch.run)."""
     tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale,
                                                fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens, out=out))  # kind and device, after
@@ -37,13 +45,14 @@ def minimax_h3_varlen_attention_fp8(q, k, v, cu_seqlens, out=None, *, cu_seqlens
         cu_host = host_seqlens(call, cu_seqlens, None, tokens)
     res = out if out is not None else call.empty((tokens, heads, HEAD_DIM), arrays.BF16)
     lse = call.empty((heads, tokens), arrays.F32) if want_lse else None
+    record = None
     if tokens:
         previous = call.make_current()
         try:
-            launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, res, form, lse)
+            record = launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, res, form, lse, keep)
         finally:
             arrays.restore(previous)
-    return (res, lse) if want_lse else res
+    return res, lse, record
 
 
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
@@ -122,7 +131,8 @@ def host_seqlens(call, cu_seqlens, cu_seqlens_host, tokens):
 def workspace_bytes(device=None):
     """Device bytes h3kernels holds between calls on `device` (an int, 'cuda:N', a torch.device
     or a CuPy Device; None: the current device). A call's scratch comes from the caller's own
-    allocator and goes back to it, so this counts the device's segment plans (at most 64, a
-    few hundred KB each at H3's sizes) and the scratch that CUDA graphs captured from CuPy calls
+    allocator and goes back to it, so this counts the device's segment plans (the 64 most recently
+    used, a few hundred KB each at H3's sizes, and evicted ones whose launches have not finished)
+    and the scratch that CUDA graphs captured from CuPy calls
     point at (kept for the life of the process)."""
     return workspace.workspace_bytes(checks.device(device))

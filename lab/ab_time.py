@@ -16,6 +16,7 @@ import time
 import torch
 
 import h3kernels
+from h3kernels.constants import FFN, HIDDEN
 from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, make_row_inputs
 from h3kernels.testing.timing import attention_kernel_alone, median_ms_batched
 
@@ -28,10 +29,10 @@ def mlp(rows):
         x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=m)
         res = residual[:m]
         dst = torch.empty_like(res)
-        ws = dict(workspace_a_q=torch.empty(m, 5376, dtype=torch.float8_e4m3fn, device="cuda"),
+        ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device="cuda"),
                   workspace_a_scale=torch.empty(m, device="cuda"),
-                  workspace_y=torch.empty(m, 14336, dtype=torch.bfloat16, device="cuda"),
-                  workspace_y_q=torch.empty(m, 14336, dtype=torch.float8_e4m3fn, device="cuda"),
+                  workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"),
+                  workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device="cuda"),
                   workspace_y_scale=torch.empty(m, device="cuda"))
         call = lambda: h3kernels.minimax_h3_mlp_fp8(x, wn, sc, sh, idx, gate, res, q1, s1, q2, s2, out=dst,  # noqa: E731
                                                     fp8_mma_form=3, **ws)

@@ -8,16 +8,12 @@
 #   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info
 #   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
 # H3_AB_ROUNDS: rounds of the speed comparison (2); H3_AB_SASS=0 leaves the SASS out.
-# Wheels placed in .whl/ (a numpy that numba-cuda supports, on a machine whose own is newer) are
-# installed into /tmp/site first.
+# lab/device_env.sh installs wheels placed in .whl/ (a numpy that numba-cuda supports, on a
+# machine whose own is newer) into /tmp/site; each side below has its own path and cache.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/h3out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 SITE=${PYTHONPATH:-}
+source lab/device_env.sh
+SITE=$([ -d /tmp/site ] && echo /tmp/site)
 new() { PYTHONPATH=$PWD${SITE:+:$SITE} H3KERNELS_CACHE_DIR=/tmp/h3cache_new "$@"; }
 old() { (cd .before && PYTHONPATH=$PWD${SITE:+:$SITE} H3KERNELS_CACHE_DIR=/tmp/h3cache_old "$@"); }
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv
@@ -65,5 +61,5 @@ bench)
   new timeout 150 python3 -m h3kernels check --gpu --json "$OUT/check.json" > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log"
   new timeout 100 python3 -m h3kernels info --json "$OUT/info.json" 2>&1 | tail -4
   ;;
-*) echo "usage: bash lab/gpu_acceptance.sh ab|tests|bench" >&2; exit 2 ;;
+*) echo "usage: bash lab/gpu_acceptance.sh ab|tests|bench|pytest ARGS..." >&2; exit 2 ;;
 esac

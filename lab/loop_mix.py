@@ -15,13 +15,12 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lab.sass_diff import cuobjdump  # noqa: E402
+from lab.sass_diff import sass_text  # noqa: E402
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -111,10 +110,6 @@ def report(name, code, labels):
         print(f"    {cls:<10} {n:6d}  {n / ex2:6.3f} per EX2")
 
 
-def sass_of(cubin, tool):
-    return subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -124,7 +119,6 @@ def main():
     c.add_argument("file")
     c.add_argument("--function", action="append", required=True)
     a = p.parse_args()
-    tool = cuobjdump()
     if a.what == "ours":
         from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
         from h3kernels._runtime import compiler
@@ -133,9 +127,9 @@ def main():
         cubin = compiler.compile_cubin("varlen_attention_fp8_sm90a", "sm_90a", defines, use_cache=False)[0]
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(cubin + b"\0" * (-len(cubin) % 8))
-        sass, wanted = sass_of(f.name, tool), None
+        sass, wanted = sass_text(f.name), None
     else:
-        sass, wanted = sass_of(a.file, tool), a.function
+        sass, wanted = sass_text(a.file), a.function
     code, labels = functions(sass)
     for name in code:
         if wanted is None or all(w in name for w in wanted):

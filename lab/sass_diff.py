@@ -55,9 +55,14 @@ def build(checkout, setup, expr, path):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def sass_text(path):
+    """cuobjdump's SASS listing of a cubin file."""
+    return subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+
+
 def sass(path):
     """{kernel: [instruction text, ...]} with addresses, encodings and the trailing ';' stripped."""
-    text = subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    text = sass_text(path)
     out, cur = {}, None
     for line in text.splitlines():
         m = re.match(r"\s+Function : (\S+)", line)

@@ -267,7 +267,8 @@ def array_kind(request):
 @pytest.fixture
 def stand_in_plan(monkeypatch):
     """The attention's launch layer without a GPU: set(rows) makes every call take a stand-in
-    segment plan of those rows (its arrays at addresses 11 .. 14) and a scratch at 1 << 30;
+    segment plan of those rows (its arrays at addresses 11 .. 14) and a scratch at 1 << 30, with
+    no quantization pass; `call` is a torch call on device 0, stream 7, not capturing;
     `released` lists each release's `launched`."""
     import types
 
@@ -275,7 +276,8 @@ def stand_in_plan(monkeypatch):
     from h3kernels._runtime import workspace
 
     state = types.SimpleNamespace(plan=types.SimpleNamespace(rows=None, ptrs=(11, 12, 13, 14)), released=[],
-                                  base=1 << 30)
+                                  base=1 << 30, call=types.SimpleNamespace(device_id=0, stream_ptr=7, capturing=False,
+                                                                           kind="torch"))
 
     class Plans:
         def take(self, key, build, capturing, advice):
@@ -287,5 +289,6 @@ def stand_in_plan(monkeypatch):
     monkeypatch.setattr(workspace, "plans", lambda device_id: Plans())
     monkeypatch.setattr(workspace, "scratch", lambda call, nbytes: "scratch")
     monkeypatch.setattr(L, "data_ptr", lambda a: state.base if isinstance(a, str) else a.data_ptr())
+    monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     state.set = lambda rows: setattr(state.plan, "rows", rows)
     return state

@@ -48,4 +48,4 @@ def test_peers_that_cannot_run_here_say_why(monkeypatch):
     q2, k2, v2, _, cu2 = make_attention_inputs([64, 32], 2, device="cpu", seed=1)
     with pytest.raises(P.PeerUnavailable, match="one length"):
         P.cudnn_fp8(q2, k2, v2, cu2, 0.1)
-    assert [key for key, _, _ in P.PEERS] == ["fa3", "fa3_fp8", "cudnn_fp8"]
+    assert [(key, fp8) for key, _, _, fp8 in P.PEERS] == [("fa3", False), ("fa3_fp8", True), ("cudnn_fp8", True)]

@@ -97,6 +97,19 @@ def test_compile_check_counts_dynamic_shared_memory(monkeypatch, capsys):
     assert "101377 B static + dynamic smem" in capsys.readouterr().out
 
 
+def test_compile_check_fails_on_a_warning_a_stack_frame_or_a_serialized_wgmma(monkeypatch):
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+           "ptxas warning : (C7513) wgmma.mma_async instructions are serialized due to ...\n"
+           "ptxas info    : Function properties for k\n"
+           "    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 96 registers, used 1 barriers, 0 bytes smem\n")
+    monkeypatch.setattr(compiler, "compile_cubin", lambda *a, **kw: (b"", log, None))
+    failures = compile_check.check(("sm_90",), ["fp8_convert"])["failures"]
+    assert any("serializes wgmma" in f for f in failures)
+    assert any("compiler warning: ptxas warning : (C7513)" in f for f in failures)
+    assert any("k: a 8-byte stack frame" in f for f in failures)
+
+
 def test_sass_with_an_nvdisasm_that_rejects_the_cubins_exits_3(monkeypatch, tmp_path, capsys):
     """A same-release nvdisasm may still call the build's cubins invalid ELF (the H200's 13.0.85
     with NVRTC 13.0): --sass then says so and exits 3, as for a missing nvdisasm."""

@@ -257,7 +257,7 @@ def test_bad_calls_raise_before_any_message_and_write_nothing(ranks):
         "devices": ("ValueError", "k: got a tensor on meta while q is on cpu; need one device"),
         "backend": ("ValueError", "q: got a tensor on meta; need a CPU tensor with the gloo backend"),
         "tokens_per_rank": ("ValueError", "tokens_per_rank: got 2 entries; need 3, one per rank"),
-        "cu_total": ("ValueError", "cu_seqlens: got last entry 81; need the tokens of all ranks = 80"),
+        "cu_total": ("ValueError", "cu_seqlens: got last entry 81; need tokens = 80 (the tokens of all ranks)"),
         "return_lse": ("TypeError", "return_lse: got 1; need True or False"),
         "local_attention": ("TypeError", "local_attention: got str; need None or a callable (q, k, v, cu_seqlens, "
                                          "softmax_scale, return_lse)"),

@@ -37,6 +37,8 @@ def test_tables_hold_the_run_and_every_row():
 
 def test_command_from_the_source_text():
     pt = perf_table()
+    # the bench writes its own name as "command": the table shows a command a user can run instead
+    assert pt.run_command(dict(command="bench")) == "python -m h3kernels bench --json PATH"
     data = dict(source="figures of `python3 -m h3kernels bench --rows 8 --json a.json` and `other`")
     assert pt.run_command(data) == "python3 -m h3kernels bench --rows 8 --json a.json"
     assert pt.run_command(data, "given") == "given"

@@ -11,7 +11,6 @@ from h3kernels.testing.timing import attention_kernel_alone, attention_quant_lea
 
 class FakeCall:
     device_id, stream_ptr = 0, 7
-    made_current = 0
 
     def __init__(self, named):
         self.named = named
@@ -20,7 +19,6 @@ class FakeCall:
         return torch.zeros(shape, dtype=torch.bfloat16)
 
     def make_current(self):
-        FakeCall.made_current += 1
         return "previous"
 
 
@@ -33,7 +31,7 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(arrays, "restore", restored.append)
     monkeypatch.setattr(targets, "operator_form", lambda device_id, form: 3 if form == -1 else form)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(launch, "run", lambda *a, keep: runs.append(a) or keep.append("scratch") or record[0])
+    monkeypatch.setattr(launch, "run", lambda *a: runs.append(a) or a[-1].append("scratch") or record[0])
     return runs, restored, record
 
 
@@ -48,14 +46,16 @@ def test_kernel_alone_replays_the_attention_kernels_launch_record(stand_ins):
 
     record[0] = launcher.LaunchRecord(Kernel(), 7, (132, 1), 384, ("values",))
     q = torch.zeros(3, 2, 128, dtype=torch.bfloat16)
-    replay = attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3])
-    (call, *args, out, form), = runs
-    assert isinstance(call, FakeCall) and args[:4] == [q, q, q, args[3]] and args[4:] == [(0, 3), 2, 0.125]
-    assert out.shape == (3, 2, 128) and form == 3 and launched == []
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    replay = attention_kernel_alone(q, q, q, cu, [0, 3])
+    (call, *args, out, form, lse, keep), = runs
+    assert isinstance(call, FakeCall) and set(call.named) >= {"q", "k", "v", "cu_seqlens"}
+    assert args[:3] == [q, q, q] and args[3] is cu and args[4:] == [(0, 3), 2, 0.125]
+    assert out.shape == (3, 2, 128) and form == 3 and lse is None and launched == []
     assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",))]
     assert restored == ["previous", "previous"] and replay.arrays[:2] == (q, out) and replay.arrays[2] == "scratch"
     attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3], form=0)
-    assert runs[-1][-1] == 0
+    assert runs[-1][-3] == 0  # the form
 
 
 def test_kernel_alone_raises_when_the_call_launched_no_kernel(stand_ins):

@@ -431,16 +431,13 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch, sta
             launched.append((stream, grid, threads, values))
             return "record"
 
-    class Call:
-        device_id, stream_ptr, capturing, kind = 0, 7, False, "torch"
 
     launched, loaded = [], []
-    monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     monkeypatch.setattr(targets, "device_arch", lambda device_id: "sm_120a")
     monkeypatch.setattr(compiler, "kernel", lambda *a: loaded.append(a) or Kernel())
     q = torch.zeros(cu[-1], heads, HEAD_DIM, dtype=torch.bfloat16)
     out = torch.zeros_like(q)
-    assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) == "record"
+    assert L.run(stand_in_plan.call, q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) == "record"
     assert loaded == [(L.SOURCE, L.KERNEL, "sm_120a", L.AttentionBuild("sm_120a", 2), 0)]
     (stream, grid, threads, values), = launched
     parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
@@ -450,7 +447,7 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch, sta
                       len(blocks) * K_BLOCK, 0.125 * L.LOG2E, 0, q.data_ptr(), base + parts["mu"][0], cu[-1], 0.125,
                       14)
     stand_in_plan.set((0, 1, 0, 2))
-    assert L.run(Call(), q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) is None
+    assert L.run(stand_in_plan.call, q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 2) is None
     assert stand_in_plan.released == [True, False]  # the plan given back after each call, its use recorded where launched
 
 

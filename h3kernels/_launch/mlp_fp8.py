@@ -66,16 +66,17 @@ def shipped_builds(arch):
     return tuple(MmaMlpBuild(arch, form) for form in MMA_FORMS.get(arch, ()))
 
 
+@functools.lru_cache(maxsize=64)
+def build_for(arch, form):
+    """The build of `arch` and mma form `form`, one instance per pair: the loader's lookup of a
+    launch hashes a build it has seen."""
+    return MmaMlpBuild(arch, form)
+
+
 def kernel(device_id, name, form):
     """GEMM `name` built for the device's arch and mma form `form` (loaded once)."""
-    k = _kernels.get((device_id, name, form))
-    if k is None:
-        arch = device_arch(device_id)
-        k = _kernels[(device_id, name, form)] = compiler.kernel(SOURCE, name, arch, MmaMlpBuild(arch, form), device_id)
-    return k
-
-
-_kernels = compiler.cache({})  # (device id, kernel, form) -> launcher.Kernel: one dict lookup per launch
+    arch = device_arch(device_id)
+    return compiler.kernel(SOURCE, name, arch, build_for(arch, form), device_id)
 
 
 ALIGN = 256

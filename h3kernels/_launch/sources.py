@@ -41,8 +41,9 @@ def builds_for(source, arch, uses_mma):
 
 def label(build):
     """A build's short name in compile_check's table: its fields (or constants) that differ from
-    their defaults, else 'shipped'."""
+    their defaults, else 'shipped'. A field without a default (the arch) has its own column."""
     if isinstance(build, compiler.PlainBuild):
         return ",".join(f"{k}={v}" for k, v in build.constants) or "plain"
-    fields = [f for f in dataclasses.fields(build) if getattr(build, f.name) != f.default]
+    fields = [f for f in dataclasses.fields(build)
+              if f.default is not dataclasses.MISSING and getattr(build, f.name) != f.default]
     return ",".join(f"{f.name}={getattr(build, f.name)}" for f in fields) or "shipped"

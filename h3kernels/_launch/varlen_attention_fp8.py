@@ -43,6 +43,9 @@ LOG2E = 1.4426950408889634
 ALIGN = 256
 CAPTURE_ADVICE = ("minimax_h3_varlen_attention_fp8: this stream is capturing a CUDA graph, and the call would build "
                   "a new segment plan; call it once with the same cu_seqlens_host before the capture")
+PARTIAL_CAPTURE_ADVICE = ("minimax_h3_varlen_attention_fp8_partial: this stream is capturing a CUDA graph, and the "
+                          "call would build a new segment plan; call it once with the same cu_seqlens_q and "
+                          "cu_seqlens_k before the capture")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +78,16 @@ def shipped_builds(arch):
 
 def attention_build(device_id, form, lse):
     """The build a call runs: the Hopper family's for form 3 (its exact-l build when the call wants
-    the lse), else this kernel's for the device's arch and `form`."""
+    the lse), else this kernel's for the device's arch and `form`; one instance of each, so that
+    the loader's lookup hashes a build it has seen."""
     if targets.form_family(form) == targets.WGMMA:
-        return hopper.AttentionBuild(lse=lse)
-    return AttentionBuild(targets.device_arch(device_id), form)
+        return hopper.BUILDS[lse]
+    return _mma_build(targets.device_arch(device_id), form)
+
+
+@functools.lru_cache(maxsize=64)
+def _mma_build(arch, form):
+    return AttentionBuild(arch, form)
 
 
 @functools.lru_cache(maxsize=64)
@@ -190,7 +199,7 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
         cu_stride, block_offset, blocks, base)
     return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
                    lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
-                   scale, keep)
+                   scale, CAPTURE_ADVICE, keep)
 
 
 def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
@@ -207,20 +216,21 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form
         data_ptr(s_v), blocks, base)
     return _attend(call, attention_build(call.device_id, form, lse is not None), ("cross", cu_q, cu_k, heads),
                    lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
-                   q, out, lse, data_ptr(mu), data_ptr(s_v), scale)
+                   q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE)
 
 
 def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale,
-            keep=None):
+            advice, keep=None):
     """What run and run_partial share: the device plan make_plan() gives (built once per key on
     the host), the call's scratch laid out for ws_tokens tokens, the passes
     `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
     AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
-    the scratch's own (which the passes fill). Returns the attention kernel's LaunchRecord; the
+    the scratch's own (which the passes fill); advice: the error's words under a capture that
+    would need a new plan. Returns the attention kernel's LaunchRecord; the
     scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
     plans = workspace.plans(call.device_id)
     capturing = call.capturing
-    held_plan = plans.take(plan_key, make_plan, capturing, CAPTURE_ADVICE)
+    held_plan = plans.take(plan_key, make_plan, capturing, advice)
     launched = False
     try:
         n_tiles, _, n, _ = held_plan.rows

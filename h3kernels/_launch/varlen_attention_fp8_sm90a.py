@@ -61,6 +61,9 @@ class AttentionBuild:
         return SMEM_BYTES
 
 
+BUILDS = {False: AttentionBuild(), True: AttentionBuild(lse=True)}  # by whether the call wants the lse
+
+
 def shipped_builds(arch):
     """The builds of this source that ship for `arch`: both lse variants on sm_90a."""
     return (AttentionBuild(lse=False), AttentionBuild(lse=True)) if arch in ARCHS else ()

@@ -8,7 +8,8 @@ takes the address of that struct's image, the one parameter.
 
 A `Kernel` holds the driver function, its parameter layout (a precompiled struct format with
 each parameter at its natural alignment) and the packing buffer, so a launch costs one
-`pack_into` and one driver call: no per-launch Python objects beyond the values themselves.
+`pack_into` (none when the values are the object packed last) and one driver call, and returns
+its LaunchRecord (a small tuple: the only per-launch object).
 The driver copies the parameters during cuLaunchKernel (also under stream capture), so the
 buffer is reused as soon as the call returns; a lock keeps two threads from packing at once.
 The caller makes the kernel's device current (arrays.Call.make_current).

@@ -26,15 +26,17 @@ import threading
 import numpy as np
 
 PLANS_PER_DEVICE = 64
+STREAMS_PER_PLAN = 8  # events a plan keeps before it drops those of streams whose calls are done
 ALIGN = 256
 
 
 class DevicePlan:
     """A plan's host arrays packed into one device buffer of the current device, copied there
     once: `rows` (each array's length), `ptrs` (each array's device address), `nbytes`. `uses`:
-    events recorded on the streams of calls that launched with it, recorded again once done;
-    `users`: calls between taking it and queuing their launches; `captured`: a graph reads it at
-    every replay. The PlanCache's lock guards uses, users and captured."""
+    {stream: an event recorded there after the last call's launches on that stream} (a later
+    record on a stream completes after the earlier ones, so one event a stream tells when all of
+    its calls are done); `users`: calls between taking it and queuing their launches; `captured`:
+    a graph reads it at every replay. The PlanCache's lock guards uses, users and captured."""
 
     __slots__ = ("memory", "rows", "ptrs", "nbytes", "uses", "users", "captured")
 
@@ -50,7 +52,10 @@ class DevicePlan:
         packed = np.zeros(self.nbytes, np.uint8)
         for a, o in zip(arrays, offsets):
             packed[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-        self.memory = cupy.cuda.alloc(self.nbytes)
+        # From the copy stream's own part of CuPy's pool: memory the current stream freed may still
+        # be read by its queued kernels, which the copy below would not wait for.
+        with copy_stream:
+            self.memory = cupy.cuda.alloc(self.nbytes)
         # on a stream that waits for no other work, and waited for here, once per plan: from now
         # on every stream may read it
         runtime.memcpyAsync(self.memory.ptr, packed.ctypes.data, self.nbytes, runtime.memcpyHostToDevice,
@@ -58,13 +63,13 @@ class DevicePlan:
         copy_stream.synchronize()
         self.rows = tuple(int(a.shape[0]) for a in arrays)
         self.ptrs = tuple(self.memory.ptr + o for o in offsets)
-        self.uses = []
+        self.uses = {}
         self.users = 0
         self.captured = False
 
     def idle(self):
         """No call holds it and every launch that reads it has completed: its memory may be reused."""
-        return not self.users and not self.captured and all(e.done for e in self.uses)
+        return not self.users and not self.captured and all(e.done for e in self.uses.values())
 
 
 class PlanCache:
@@ -120,12 +125,13 @@ class PlanCache:
                 if capturing:
                     plan.captured = True
                     return
-                event = next((e for e in plan.uses if e.done), None)
+                event = plan.uses.get(stream_ptr)
                 if event is None:
                     import cupy
 
-                    event = cupy.cuda.Event(block=False, disable_timing=True)
-                    plan.uses.append(event)
+                    if len(plan.uses) >= STREAMS_PER_PLAN:  # streams long gone leave done events
+                        plan.uses = {s: e for s, e in plan.uses.items() if not e.done}
+                    event = plan.uses[stream_ptr] = cupy.cuda.Event(block=False, disable_timing=True)
                 runtime.eventRecord(event.ptr, stream_ptr)
             finally:
                 plan.users -= 1
@@ -150,8 +156,8 @@ def plans(device_id):
 
 
 def scratch(call, nbytes):
-    """The call's scratch: nbytes from the caller's allocator on the call's stream, to hold until
-    the call's launches are queued."""
+    """A call's scratch (both operators'): nbytes from the caller's allocator on the call's
+    stream, to hold until the call's launches are queued (for good under a CuPy capture)."""
     from h3kernels._runtime import arrays
 
     held = call.empty((nbytes,), arrays.E4M3)

@@ -54,19 +54,9 @@ def tokens_per_rank(counts, world, rank, local_tokens):
 
 
 def global_seqlens(cu, total):
-    """The packed sequence's segment boundaries over all ranks: starts at 0, non-decreasing,
-    ends at the total token count."""
-    cu = host_ints("cu_seqlens", cu)
-    if len(cu) < 1:
-        v.fail("cu_seqlens", "0 entries", "segments + 1 >= 1 entries")
-    if cu[0] != 0:
-        v.fail("cu_seqlens", f"first entry {cu[0]}", "0")
-    for i, (a, b) in enumerate(zip(cu, cu[1:])):
-        if b < a:
-            v.fail("cu_seqlens", f"entries {a}, {b} at {i}, {i + 1}", "non-decreasing entries")
-    if cu[-1] != total:
-        v.fail("cu_seqlens", f"last entry {cu[-1]}", f"the tokens of all ranks = {total}")
-    return cu
+    """The packed sequence's segment boundaries over all ranks: from 0, non-decreasing, to the
+    total token count."""
+    return packed_seqlens(cu, total, "the tokens of all ranks")
 
 
 def callable_or_none(name, fn, form):
@@ -100,13 +90,13 @@ def forward_arrays(q, k, v_):
     return shape[:3]
 
 
-def packed_seqlens(cu_seqlens, tokens):
-    """attn_forward's cu_seqlens: host ints over the batch x seqlen packed tokens, from 0,
-    non-decreasing, to `tokens`."""
+def packed_seqlens(cu_seqlens, tokens, of="batch x seqlen of q"):
+    """cu_seqlens as host ints over `tokens` packed tokens (`of` says whose): from 0,
+    non-decreasing, to `tokens` (attn_forward's, and the ranks' packed sequence)."""
     cu = host_ints("cu_seqlens", cu_seqlens)
     if not cu:
         v.fail("cu_seqlens", "0 entries", "segments + 1 >= 1 entries")
-    return attention.segment_bounds("cu_seqlens", cu, tokens, "batch x seqlen of q")
+    return attention.segment_bounds("cu_seqlens", cu, tokens, of)
 
 
 def plain_attention(dropout_p, causal, window_size, softcap, alibi_slopes, return_softmax):

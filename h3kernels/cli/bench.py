@@ -55,41 +55,19 @@ def mlp_case(m, forms=(-1,)):
 
     import h3kernels
     from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
-    from h3kernels.testing.timing import mlp_flops
-    from h3kernels.testing.timing import median_ms_batched
+    from h3kernels.peers.torch_mlp import timed_peers
+    from h3kernels.testing.timing import median_ms_batched, mlp_flops
+
     x, w, sc, sh, idx = make_row_inputs(m, device="cuda")
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(m, sc.shape[0], seed=m)
     out = torch.empty_like(residual)
-    peers = torch_mlp_peers(x, w, sc, sh, idx, gate, residual, w1, w2)
+    peers = timed_peers(x, w, sc, sh, idx, gate, residual, w1, w2)
     rows = []
     for form in forms:
         ours = median_ms_batched(lambda: h3kernels.minimax_h3_mlp_fp8(x, w, sc, sh, idx, gate, residual, q1, s1, q2,
                                                                        s2, out=out, fp8_mma_form=form))
         rows.append(dict(op="mlp", case=f"M={m}", form=form, flops=mlp_flops(m), ours_ms=ours, **peers))
     return rows
-
-
-def torch_mlp_peers(x, w, sc, sh, idx, gate, residual, w1, w2):
-    """{peer, peer_ms, peer2, peer2_ms}: torch.compile's FP8 block (its weights quantized per
-    row in logical order, as torch._scaled_mm takes them), else torch's eager FP8 block, and
-    torch's eager bf16 block, each timed on the same inputs."""
-    import torch
-
-    from h3kernels.peers.torch_mlp import mlp_bf16, mlp_fp8
-    from h3kernels.quantize import quantize_rows
-    from h3kernels.testing.timing import median_ms_batched
-
-    (q1, s1), (q2, s2) = quantize_rows(w1), quantize_rows(w2)
-    operands = (x, w, sc, sh, idx, gate, residual, q1, s1.view(1, -1), q2, s2.view(1, -1))
-    name, block = "torch.compile FP8", torch.compile(mlp_fp8)
-    try:
-        block(*operands)  # compiles
-    except Exception as e:  # no working compiler toolchain here: the eager block is the next best peer
-        sys.stderr.write(f"\ntorch.compile of the FP8 block failed ({type(e).__name__}: {e}); timing it eagerly\n")
-        name, block = "torch FP8 eager", mlp_fp8
-    peer = median_ms_batched(lambda: block(*operands))
-    eager = median_ms_batched(lambda: mlp_bf16(x, w, sc, sh, idx, gate, residual, w1, w2))
-    return dict(peer=name, peer_ms=peer, peer2="torch eager bf16", peer2_ms=eager)
 
 
 def attention_case(seqlens, forms=(-1,), heads=56):
@@ -194,7 +172,7 @@ def run(args):
                                date=time.strftime("%Y-%m-%d"), ceiling_tflops=top, ceilings=families, rows=rows))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            # every row's fields (only attention rows have a second peer), blank where a row has none
+            # every row's fields, blank where a row has none
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
             w.writeheader()
             w.writerows(rows)

@@ -5,8 +5,8 @@ for it is bad usage (exit 2), before anything compiles; without names, the sourc
 it are listed (table head, the JSON's "not_built") and built for the other archs asked.
 
 Prints the NVRTC version, then registers, static shared memory and spill bytes per kernel and
-mma form. Exit 1 on a compile error, on any spill, on a wgmma that ptxas serializes, or on more
-static plus dynamic shared memory than a block of the arch may use. --sass also counts the matrix instructions in each cubin with nvdisasm. The cubins
+mma form. Exit 1 on a compile error, a compiler warning, any spill or stack frame, a wgmma that
+ptxas serializes, or more static plus dynamic shared memory than a block of the arch may use. --sass also counts the matrix instructions in each cubin with nvdisasm. The cubins
 are those of the build (the NVRTC that h3kernels compiles with), and nvdisasm must come from the
 same CUDA major release: one of another major reads them wrongly or not at all, so a mismatch is
 refused (exit 3) before anything compiles.
@@ -215,6 +215,9 @@ def check(archs=None, names=None, out=None, sass=False):
                 parsed = parse_ptxas(log)
                 if "serialized" in log:  # "wgmma.mma_async instructions are serialized ...": most of the rate lost
                     failures.append(f"{what}: ptxas serializes wgmma")
+                warnings = [ln.strip() for ln in log.splitlines() if "warn" in ln.lower()]
+                if warnings:
+                    failures.append(f"{what}: compiler warning: {warnings[0]}")
                 if not parsed:
                     failures.append(f"{what}: no kernel found in the ptxas report")
                 counts = None
@@ -232,11 +235,13 @@ def check(archs=None, names=None, out=None, sass=False):
                           f"{r['stack']:>6}{spill:>7}", file=out)
                     if spill:
                         failures.append(f"{what} {kernel}: {spill} spill bytes")
+                    if r["stack"]:  # every shipped kernel keeps its state in registers and shared memory
+                        failures.append(f"{what} {kernel}: a {r['stack']}-byte stack frame")
                     smem = r["smem"] + build.dynamic_smem(kernel)
                     if smem > SMEM_LIMIT.get(arch, SM120_SMEM_LIMIT):
                         failures.append(f"{what} {kernel}: {smem} B static + dynamic smem")
                 if counts is not None:
-                    print(f"{'':<44}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
+                    print(f"{'':<{28 + 9 + 18}}mma: " + (", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"), file=out)
     for f in failures:
         print("FAIL", f, file=out)
     print(f"compile_check: {'FAILED' if failures else 'ok'} (NVRTC {report['nvrtc']})", file=out)

@@ -11,7 +11,8 @@ from h3kernels.parallel import layout
 
 class Shard:
     """One rank's view of a call: group, rank, world size, every rank's token count and first
-    token, the global and this rank's segment boundaries, the softmax scale."""
+    token, the global and this rank's segment boundaries, the segments crossing ranks, the
+    softmax scale."""
 
     def __init__(self, q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses):
         self.want_lse = attention_checks.return_lse(return_lse)
@@ -36,6 +37,7 @@ class Shard:
         self.starts = layout.starts(counts)
         self.tokens = tokens
         self.local_cu = layout.local_seqlens(self.cu, self.starts[self.rank], tokens)
+        self.crossing = layout.crossing_segments(self.cu, counts)  # the segments on more than one rank
 
     def peer(self, index):
         """The global rank of the group's rank `index` (P2P ops name global ranks)."""
@@ -52,8 +54,8 @@ def gather_counts(tokens, device, group, world):
 
 def plain_call(s, attend, q, k, v, out, clock):
     """The call where every segment of this rank's tokens lies whole on this rank (always so in a
-    world of one): one plain attention call on the local tokens, no message. attend has the form
-    of local.default_attention."""
+    world of one): one plain attention call on the local tokens, no message of its own. attend has
+    the form of local.default_attention."""
     clock.start()
     if s.tokens:
         res = attend(q, k, v, s.local_cu, s.scale, s.want_lse)

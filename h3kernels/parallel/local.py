@@ -5,6 +5,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels.constants import E4M3_MAX
+from h3kernels.quantize import div
 
 # the forms of the callables a caller may give in place of the defaults (as checks name them)
 ATTENTION_FORM = "(q, k, v, cu_seqlens, softmax_scale, return_lse)"
@@ -53,7 +54,7 @@ def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
     from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_partial
 
     amax = v_amax.to(torch.float32)
-    v_scale = (amax / torch.full_like(amax, E4M3_MAX)).contiguous()  # RN(amax / 448), as the V pass
+    v_scale = div(amax, E4M3_MAX).contiguous()  # RN(amax / 448), as the V pass
     return minimax_h3_varlen_attention_fp8_partial(q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k),
                                                    k_mean.to(torch.float32).contiguous(), v_scale,
                                                    softmax_scale=softmax_scale)

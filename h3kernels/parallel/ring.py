@@ -9,7 +9,8 @@ cross a boundary only): every partial quantizes its key block as the single-devi
 does (the mean up to its summation order), so that the partials differ from one attention over
 all keys only where P is rounded (against each partial's own row maximum). Where no segment
 crosses a rank boundary (a world of one, for one) each rank's call is the plain attention of its
-own tokens, with no message at all."""
+own tokens, with no message but the all-gather of the token counts when tokens_per_rank is not
+given (a world of one needs none)."""
 import torch
 import torch.distributed as dist
 
@@ -31,14 +32,13 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     attend = partial_attention or default_partial_attention
     clock = _group.Clock(timings, q.device)
-    if partial_attention is None and not layout.crossing_segments(s.cu, s.counts):
+    if partial_attention is None and not s.crossing:
         return _group.plain_call(s, default_attention, q, k, v, out, clock)
     clock.start()
     k_mean, v_amax, block_amax = segment_statistics(k, v, s)
     clock.lap("comm")
     merge = LseMerge(s.tokens, s.heads, HEAD_DIM, q.device)
-    crossing = bool(layout.crossing_segments(s.cu, s.counts))
-    steps = s.world if crossing else 1  # no segment crosses a boundary: the local block is all there is
+    steps = s.world if s.crossing else 1  # no segment crosses a boundary: the local block is all there is
     cur = torch.stack((k, v))  # [2, n, heads, D]
     for step in range(steps):
         src = (s.rank - step) % s.world
@@ -80,8 +80,8 @@ def segment_statistics(k, v, s):
         if b > a:
             sums[i] = k[a:b].float().sum(dim=0)
             amax[i] = v[a:b].float().abs().amax(dim=0)
-    crossing = list(layout.crossing_segments(s.cu, s.counts))
-    talk = bool(crossing) and s.world > 1
+    crossing = s.crossing
+    talk = bool(crossing)  # a world of one has none
     if talk:
         idx = torch.tensor(crossing, device=k.device)
         part = sums[idx].contiguous()

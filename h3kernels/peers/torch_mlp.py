@@ -1,7 +1,10 @@
 """torch's own paths for the MiniMax-H3 MLP block, the peers the demo and bench/bench_mlp.py time
 beside minimax_h3_mlp_fp8: bf16 weights and matmuls (`mlp_bf16`), and per-token FP8 with
 torch._scaled_mm rowwise (`mlp_fp8`, weights in logical row order as reference.quantize_rows
-gives them, scales as [1, N]). Plain torch: no quantization contract, no bitwise claims."""
+gives them, scales as [1, N]), and both timed as the bench and the demo show them (`timed_peers`,
+torch.compile's FP8 block first). Plain torch: no quantization contract, no bitwise claims."""
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -58,3 +61,32 @@ def mlp_fp8(x, wn, sc, sh, idx, gate, res, w1q, w1s, w2q, w2s, eps=1e-5):
     i, valid = index_guard(idx, sc.shape[0])
     _, _, y_q, s_y = fp8_gemm_inputs(x, wn, sc, sh, idx, w1q, w1s, eps)
     return gated_residual(res, gate, i, valid, fc2_fp8(y_q, s_y, w2q, w2s))
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_fp8():
+    """torch.compile of mlp_fp8, made once a process (torch traces it again only for new shapes)."""
+    return torch.compile(mlp_fp8)
+
+
+def timed_peers(x, wn, sc, sh, idx, gate, res, w1, w2):
+    """{peer, peer_ms, peer2, peer2_ms}: torch.compile's FP8 block (the peer a user of FP8 would
+    pick; its weights quantized per row in logical order, as torch._scaled_mm takes them), else,
+    where compiling fails, torch's eager FP8 block; and torch's eager bf16 block; each timed on
+    the same inputs as back-to-back calls (median_ms_batched)."""
+    import sys
+
+    from h3kernels.quantize import quantize_rows
+    from h3kernels.timing import median_ms_batched
+
+    (q1, s1), (q2, s2) = quantize_rows(w1), quantize_rows(w2)
+    operands = (x, wn, sc, sh, idx, gate, res, q1, s1.view(1, -1), q2, s2.view(1, -1))
+    name, block = "torch.compile FP8", compiled_fp8()
+    try:
+        block(*operands)  # compiles on first use
+    except Exception as e:  # no working compiler toolchain here: the eager block is the next best peer
+        sys.stderr.write(f"\ntorch.compile of the FP8 block failed ({type(e).__name__}: {e}); timing it eagerly\n")
+        name, block = "torch FP8 eager", mlp_fp8
+    peer = median_ms_batched(lambda: block(*operands))
+    eager = median_ms_batched(lambda: mlp_bf16(x, wn, sc, sh, idx, gate, res, w1, w2))
+    return dict(peer=name, peer_ms=peer, peer2="torch eager bf16", peer2_ms=eager)

@@ -150,23 +150,15 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
     rerun)."""
     import torch
 
-    from h3kernels._launch import varlen_attention_fp8 as launch
-    from h3kernels._runtime import arrays, targets
-    from h3kernels.varlen_attention_fp8 import check_call
+    from h3kernels._runtime import arrays
+    from h3kernels.varlen_attention_fp8 import attend
 
-    tokens, heads, scale, cu_host = check_call(q, k, v, cu_seqlens, None, cu_seqlens_host, None, form)
-    call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
-    out = call.empty((tokens, heads, HEAD_DIM), arrays.BF16)
-    previous = call.make_current()
     scratch = []
-    try:
-        record = launch.run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out,
-                            targets.operator_form(call.device_id, form), keep=scratch)
-    finally:
-        arrays.restore(previous)
+    out, _, record = attend(q, k, v, cu_seqlens, None, cu_seqlens_host, None, form, False, keep=scratch)
     torch.cuda.synchronize()
     if record is None:
-        raise RuntimeError("the call launched no attention kernel (an empty plan?)")
+        raise RuntimeError("the call launched no attention kernel (no tokens, or an empty plan)")
+    call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
 
     def replay():
         previous = call.make_current()
