@@ -25,7 +25,8 @@ Methods, per set:
                 where installed (the `bench` extra installs fa3-fwd; the cuDNN frontend is
                 installed by hand, README): h3kernels.peers.fp8_attention. The FP8 ones as their
                 kernel alone on operands quantized beforehand (FA3: a scale per segment and head;
-                cuDNN: per tensor, equal-length sets only, e4m3 output)
+                cuDNN: per tensor, equal-length sets only, e4m3 output written at 448 / amax |V|
+                and read back through that scale)
   ceiling       the e4m3 ceiling of each family's instructions (h3kernels.cli.bench.
                 ceiling_tflops: wgmma for form 3, mma.sync otherwise), before and after the sets;
                 the higher is used, and each family's %ceil is against its own
@@ -54,7 +55,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
 import os
 import sys
 import time
@@ -234,15 +234,15 @@ def run_peers(r, args, st, dev):
             record(key, label, lambda: f(q, k, v, cu, m), lambda o, i: o[i], "one call on the packed tensors")
         else:
             r[key] = dict(error=st["varlen_absent"].get(key, "absent"), absent=True)
-    for key, label, make, fp8 in fp8_attention.PEERS:  # where installed; the FP8 ones as their kernel alone
-        try:
-            fn = make(s["q"], s["k"], s["v"], s["cu_host"], 1 / math.sqrt(s["q"].shape[2]))
-        except Exception as err:
+    # where installed (the same preparation as `python -m h3kernels bench`'s); the FP8 ones as their kernel alone
+    for key, label, fp8, fn, err in fp8_attention.prepared(s["q"], s["k"], s["v"], s["cu_host"]):
+        if err is not None:
             r[key] = dict(error=short(err), label=label, absent=isinstance(err, fp8_attention.PeerUnavailable))
             log(f"  {key:12s} {'absent' if r[key]['absent'] else 'failed'}: {short(err)}")
             continue
         how = "one call on the packed tensors" + (", operands quantized beforehand" if fp8 else "")
-        record(key, label, fn, lambda o, i: o[i].to(BF), how)
+        record(key, label, fn, lambda o, i, fn=fn: fp8_attention.values(fn, o[i]).to(BF), how)
+        del fn
 
     ref_key = next((key for key in ("cudnn", "flash") if key in samples), None)
     if ref_key is None:

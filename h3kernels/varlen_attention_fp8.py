@@ -58,14 +58,18 @@ def attend(q, k, v, cu_seqlens, out, cu_seqlens_host, softmax_scale, fp8_mma_for
 minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
 
 
-def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, *,
+def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, *, k_scale=None,
                                             softmax_scale=None, fp8_mma_form=-1):
     """The attention of one share of the keys, as a ring's step needs it: the queries of segment
     i of q (rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1]) against the keys of segment i of k, v
     (rows cu_seqlens_k[i] ..), with K centred on k_mean and V scaled by v_scale (f32 [segments,
     heads, 128]: the whole segments' key mean and RN(amax |V| / 448), so that every share
     quantizes as the whole segment does). K is scaled per 128-key block from the segment's first
-    key in k. q, k, v: bf16 [tokens, heads, 128] (k and v of one shape, q with its own tokens),
+    key in k: by RN(amax |k - k_mean| / 448) over the block's keys here, or by k_scale when given
+    (f32 [key blocks, heads], the blocks of every segment of cu_seqlens_k numbered segment after
+    segment: the whole segment's block scales where a block's keys lie partly elsewhere; a ring
+    cuts its key shares on the whole segment's 128-key grid so that each block here is part of
+    one whole-segment block). q, k, v: bf16 [tokens, heads, 128] (k and v of one shape, q with its own tokens),
     torch CUDA tensors or CuPy arrays; the boundaries: host sequences of ints.
 
     Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q tokens]) of the caller's kind:
@@ -73,10 +77,13 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     merging the shares by their lse needs (h3kernels.parallel.merge); a row whose segment has no
     keys here gets out 0 and lse -inf. On the caller's current stream, no host sync."""
     tokens_q, tokens_k, heads, cu_q, cu_k = checks.check_partial_args(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean,
-                                                                      v_scale)
+                                                                      v_scale, k_scale)
     scale = checks.softmax_scale(softmax_scale)
     checks.fp8_mma_form(fp8_mma_form)
-    call = arrays.Call(dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale))
+    given = dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale)
+    if k_scale is not None:
+        given["k_scale"] = k_scale
+    call = arrays.Call(given)
     form = targets.operator_form(call.device_id, fp8_mma_form)
     out = call.empty((tokens_q, heads, HEAD_DIM), arrays.BF16)
     lse = call.empty((heads, tokens_q), arrays.F32)
@@ -85,7 +92,7 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
         call.zero(arrays.data_ptr(out), arrays.nbytes(out))
         _fill_neg_inf(call, lse)
         if tokens_q and tokens_k:
-            launch.run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, k_mean, v_scale, form)
+            launch.run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, k_mean, v_scale, k_scale, form)
     finally:
         arrays.restore(previous)
     return out, lse
@@ -136,3 +143,43 @@ def workspace_bytes(device=None):
     and the scratch that CUDA graphs captured from CuPy calls
     point at (kept for the life of the process)."""
     return workspace.workspace_bytes(checks.device(device))
+
+
+def minimax_h3_varlen_attention_fp8_segment_sums(k, v, cu_seqlens_k):
+    """(k_sum, v_amax), f32 [segments, heads, 128] each: the keys of each segment of k, v (rows
+    cu_seqlens_k[i] .. cu_seqlens_k[i + 1]) added (each 128-key block's keys in token order, the
+    block sums in block order, as the attention's K pass adds them) and their amax |v|; zeros for
+    a segment with no keys here. What a ring adds up across ranks for a segment's key mean and V
+    scale. k, v as minimax_h3_varlen_attention_fp8_partial's; on the caller's current stream."""
+    heads, cu_k = checks.check_segment_sums_args(k, v, cu_seqlens_k)
+    call = arrays.Call(dict(k=k, v=v))
+    segments = len(cu_k) - 1
+    k_sum = call.empty((segments, heads, HEAD_DIM), arrays.F32)
+    v_amax = call.empty((segments, heads, HEAD_DIM), arrays.F32)
+    previous = call.make_current()
+    try:
+        launch.run_segment_sums(call, k, v, cu_k, heads, k_sum, v_amax)
+    finally:
+        arrays.restore(previous)
+    return k_sum, v_amax
+
+
+def minimax_h3_varlen_attention_fp8_key_block_scales(k, cu_seqlens_k, k_mean, k_first):
+    """f32 [blocks, heads]: the K scale RN(amax |RN(k - k_mean)| / 448) of each 128-key block of
+    the keys of segment i of k (rows cu_seqlens_k[i] ..), the blocks those of the whole segment,
+    whose key k_first[i] (host ints) is the first key here: a block ends where the whole
+    segment's does, every 128 keys from its start, so the first block here may be short.
+    Numbered segment after segment. A block's keys on several ranks: the scale is monotonic in
+    the amax, so the maximum over the ranks' scales is the whole block's. On the caller's current
+    stream."""
+    heads, cu_k, firsts = checks.check_key_block_scales_args(k, cu_seqlens_k, k_mean, k_first)
+    call = arrays.Call(dict(k=k, k_mean=k_mean))
+    n = launch.grid_block_count(cu_k, firsts)
+    s_k = call.empty((n, heads), arrays.F32)
+    if n:
+        previous = call.make_current()
+        try:
+            launch.run_key_block_scales(call, k, cu_k, firsts, heads, k_mean, s_k)
+        finally:
+            arrays.restore(previous)
+    return s_k

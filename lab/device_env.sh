@@ -7,3 +7,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 H3KERNELS_CACHE_DIR=/tmp/h3cache
+# cuDNN's FP8 SDPA (nvidia-cudnn-frontend, installed without its dependencies) loads the cuDNN
+# library of torch's own nvidia-cudnn wheel
+CUDNN_LIB=$(python3 -c 'import os, nvidia.cudnn as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null) \
+  && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

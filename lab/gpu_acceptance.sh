@@ -4,7 +4,8 @@
 #   bash lab/gpu_acceptance.sh ab      SASS of the shipped builds and the operators' speed against
 #                                     the code before the change (a copy of that checkout in
 #                                     .before/), in alternating processes
-#   bash lab/gpu_acceptance.sh tests   the GPU test suite (attention tests in their own process)
+#   bash lab/gpu_acceptance.sh tests [1|2|3]   the GPU test suite in three parts (one per call:
+#                                     a cold H200 takes about 8 minutes for all three)
 #   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info
 #   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
 # H3_AB_ROUNDS: rounds of the speed comparison (2); H3_AB_SASS=0 leaves the SASS out.
@@ -46,10 +47,13 @@ for k in keys:
 PY
   ;;
 tests)
-  new timeout 420 python3 -m pytest -q -rsx -o faulthandler_timeout=100 -p no:cacheprovider tests -k "not varlen" 2>&1 \
-    | tee "$OUT/pytest.log" | grep -E "passed|failed|FAILED|Error" | tail -15
-  new timeout 150 python3 -m pytest -q -rsx -o faulthandler_timeout=60 -p no:cacheprovider tests -k varlen 2>&1 \
-    | tee "$OUT/pytest_attention.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+  # the suite in three parts of a few minutes each on a cold machine (compiles included); one call
+  # runs part $2 (1, 2 or 3), or all three when none is named
+  parts=("tests/test_[a-l]*.py -k 'not varlen'" "tests/test_[m-z]*.py -k 'not varlen'" "tests -k varlen")
+  for i in ${2:-1 2 3}; do
+    eval new timeout 400 python3 -m pytest -q -rsx -o faulthandler_timeout=100 -p no:cacheprovider "${parts[$((i - 1))]}" \
+      2>&1 | tee "$OUT/pytest_part$i.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+  done
   ;;
 pytest)
   shift

@@ -292,3 +292,38 @@ def stand_in_plan(monkeypatch):
     monkeypatch.setattr(L, "quant_launches", lambda *a: [])
     state.set = lambda rows: setattr(state.plan, "rows", rows)
     return state
+
+
+@pytest.fixture
+def no_peer_modules(monkeypatch):
+    """The FP8 attention peers' modules (FA3's, cuDNN's frontend) cannot be imported, whether or
+    not this machine has them."""
+    import builtins
+
+    real = builtins.__import__
+
+    def refuse(name, *args, **kwargs):
+        if name in ("fa3_fwd_interface", "cudnn"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", refuse)
+
+
+@pytest.fixture
+def stub_bench_device(monkeypatch):
+    """The bench's view of the device on a machine without one: a GPU named "stub GPU" of
+    compute capability 9.0 whose default form is 0, ceilings 400 (mma.sync) and 1600 (wgmma)
+    TFLOP/s. Returns the bench module."""
+    import torch
+
+    from h3kernels._runtime import targets
+    from h3kernels.cli import bench
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "stub GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(targets, "device_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(targets, "board_form", lambda dev: 0)
+    monkeypatch.setattr(bench, "ceiling_tflops", lambda dev, form, on_error: {0: 400.0, 3: 1600.0}[form])
+    return bench

@@ -169,6 +169,15 @@ def test_bench_writes_a_table_and_json(tmp_path):
     assert sorted(ceilings) == sorted(set(mlp) | set(attention)) and all(ceilings.values())
     assert all(r["ceiling_tflops"] == ceilings[r["form"]] for r in doc["rows"])  # each row: its own family's
     assert table.read_text().splitlines()[0].split(",")[:3] == ["op", "case", "form"]
+    # the FP8 attention peers: each timed (ms) or its reason once; ours' kernel alone timed
+    att_rows = [r for r in doc["rows"] if r["op"] == "attention"]
+    assert all(r["ours_kernel_ms"] > 0 for r in att_rows)
+    for key in ("fa3", "fa3_fp8", "cudnn_fp8"):
+        assert key in doc["peers_unavailable"] or all(r[f"{key}_ms"] > 0 for r in att_rows), key
+    # the ragged set: cuDNN's FP8 SDPA takes segments of one length only
+    assert "300+0+129" in doc["peers_unavailable"]["cudnn_fp8"]
+    measured = [(r["key"], r.get("form")) for r in doc["accuracy"]["rows"]]
+    assert measured[:len(attention) + 1] == [("ours", f) for f in attention] + [("reference", None)]
 
 
 @pytest.mark.gpu
@@ -183,27 +192,21 @@ def test_bench_on_compute_capability_9_times_both_families_against_their_ceiling
     assert [r["ceiling_tflops"] for r in doc["rows"]] == [ceilings["wgmma"], ceilings["mma.sync"]]
 
 
-def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(tmp_path, monkeypatch, capsys):
+def test_bench_rows_carry_their_form_and_the_ceiling_of_its_family(stub_bench_device, tmp_path, monkeypatch, capsys):
     """bench.run's bookkeeping with the timings, the ceilings and the device stubbed (runs on CPU)."""
     from types import SimpleNamespace
 
-    from h3kernels._runtime import targets
-    from h3kernels.cli import bench
-
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "stub GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(targets, "device_arch", lambda dev: "sm_90")
-    monkeypatch.setattr(targets, "board_form", lambda dev: 0)
-    monkeypatch.setattr(bench, "ceiling_tflops", lambda dev, form, on_error: {0: 400.0, 3: 1600.0}[form])
+    bench = stub_bench_device
 
     def case(op):
         second = dict(peer2="flash SDPA bf16", peer2_ms=8.0) if op == "attention" else {}
-        return lambda size, forms: [dict(op=op, case=str(size), form=f, flops=1e12, ours_ms=10.0 / (1 + f),
-                                         peer="torch", peer_ms=5.0, **second) for f in forms]
+        return lambda size, forms, **_: [dict(op=op, case=str(size), form=f, flops=1e12, ours_ms=10.0 / (1 + f),
+                                              peer="torch", peer_ms=5.0, **second) for f in forms]
 
     monkeypatch.setattr(bench, "mlp_case", case("mlp"))
     monkeypatch.setattr(bench, "attention_case", case("attention"))
+    monkeypatch.setattr(bench, "accuracy_figures", lambda forms: (dict(tokens=64, heads=2, head_dim=128, seed=0,
+                                                                       k_offset=4.0, against="exact", rows=[]), {}))
     path, table = tmp_path / "b.json", tmp_path / "b.csv"
     assert bench.run(SimpleNamespace(rows=[64], segments=[[128]], json=str(path), csv=str(table))) == 0
     doc = json.loads(path.read_text())

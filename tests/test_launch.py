@@ -83,13 +83,16 @@ def test_partial_launches_fill_every_kernels_parameters(fake_kernels, tokens_q, 
     """The ring step's passes: Q over the queries, K and V over the key block, nothing else."""
     import struct
 
-    launches = launch_attention.partial_launches(0, tokens_q, tokens_k, heads, segments, n, 1 << 20, 2 << 20,
-                                                 3 << 20, 4 << 20, 5 << 20, 6 << 20, 7 << 20)
-    assert [r[0] for r in launches] == ["q_kernel"] + (["k_quant_kernel", "v_quant_kernel"] if n else [])
-    for name, kernel, grid, threads, values in launches:
-        assert kernel == name and len(grid) == 2 and threads > 0
-        assert len(values) == len(numba_ptx.params(name)), name
-        struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
+    for s_k, k_pass in ((None, "k_quant_kernel"), (8 << 20, "k_quant_given_kernel")):  # K's scales: its own, given
+        launches = launch_attention.partial_launches(0, tokens_q, tokens_k, heads, segments, n, 1 << 20, 2 << 20,
+                                                     3 << 20, 4 << 20, 5 << 20, s_k, 6 << 20, 7 << 20)
+        assert [r[0] for r in launches] == ["q_kernel"] + ([k_pass, "v_quant_kernel"] if n else [])
+        for name, kernel, grid, threads, values in launches:
+            assert kernel == name and len(grid) == 2 and threads > 0
+            assert len(values) == len(numba_ptx.params(name)), name
+            struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
+        if s_k and n:
+            assert launches[1][4][-4] == s_k  # the given scales' address (its Numba array's data field)
 
 
 def test_scratch_layout_holds_only_what_the_caller_left_out():
@@ -109,6 +112,7 @@ def test_scratch_layout_holds_only_what_the_caller_left_out():
 def test_flattened_arrays_are_numbas_fields():
     assert numba_ptx.array_values(100, (2, 3, 4), 4) == (0, 0, 24, 4, 100, 2, 3, 4, 48, 16, 4)
     assert numba_ptx.array_values(100, (7,), 8) == numba_ptx.vector(100, 7, 8)
+    assert launch_attention._blocks_array(100, 7) == numba_ptx.array_values(100, (7, 3), 8)  # the plan's key blocks
 
 
 @pytest.mark.parametrize("source", ["mlp_fp8", "varlen_attention_fp8"])

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECT = {"01_quickstart": ["reference vs float64 softmax: rel L2"],
           "02_accuracy": ["y: every element within its bound: True", "out: every element within its bound: True"],
-          "03_performance": ["attention ", "ridge point, mma.sync:", "MLP form 3", "attention form 3"]}
+          "03_performance": ["attention ", "ridge point, mma.sync:", "MLP form 3", "attention form 3",
+                             "FP8 attention peers", "accuracy against exact attention"]}
 RUNS = [(p, p.parent) for p in NOTEBOOKS] + [(p, ROOT) for p in NOTEBOOKS if p.stem == "03_performance"]
 # On the CPU these two build MiniMax-H3-sized weights and take the reference's exact sums: about
 # a minute each on two cores.

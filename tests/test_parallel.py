@@ -5,6 +5,7 @@ ranks; bad head counts, devices and layouts raise before any message and write n
 group stays usable after them. The per-rank (out, lse) form for xDiT / yunchang, and the MLP's
 token parallelism. GPU: the same over NCCL on two GPUs.
 """
+import itertools
 import math
 import warnings
 
@@ -282,6 +283,102 @@ def test_local_seqlens_clip_segments_to_a_rank():
     assert parallel.local_seqlens(cu, 120, 0) == (0, 0, 0, 0, 0)
     assert parallel.local_seqlens(cu, 120, 251) == (0, 0, 0, 140, 251)
     assert parallel.starts((120, 0, 251)) == (0, 120, 120)
+
+
+def virtual_shard(cu, counts, rank, heads):
+    """What ring's steps read of a rank's Shard, for rank `rank` of len(counts) virtual ranks."""
+    from types import SimpleNamespace
+
+    starts = parallel.starts(counts)
+    return SimpleNamespace(cu=tuple(cu), counts=tuple(counts), starts=starts, rank=rank, world=len(counts),
+                           heads=heads, tokens=counts[rank], scale=1 / math.sqrt(128),
+                           local_cu=parallel.local_seqlens(cu, starts[rank], counts[rank]),
+                           crossing=ring.layout.crossing_segments(cu, counts))
+
+
+def virtual_ring(q, k, v, cu, counts, attend):
+    """The ring's per-rank steps in one process, as the ring runs them: each rank's statistics
+    reduced over the virtual ranks as its all-reduces do (sums, then maxima), each rank's queries
+    against every rank's keys (ring.attend_keys) merged by their lse. (out, lse) of all tokens."""
+    world, heads = len(counts), q.shape[1]
+    shards = [virtual_shard(cu, counts, r, heads) for r in range(world)]
+    parts = [tuple(local(t, counts, r) for t in (q, k, v)) for r in range(world)]
+    sums = [ring.local_sums(kr, vr, sh) for (_, kr, vr), sh in zip(parts, shards)]
+    k_mean = ring.segment_means(torch.stack([s_ for s_, _ in sums]).sum(0), cu)
+    v_amax = torch.stack([a for _, a in sums]).amax(0)
+    blocks = torch.stack([ring.placed_block_scales(kr, sh, k_mean) for (_, kr, _), sh in zip(parts, shards)]).amax(0)
+    outs, lses = [], []
+    for (qr, _, _), sh in zip(parts, shards):
+        merge = parallel.LseMerge(qr.shape[0], heads, 128, q.device)
+        for src in range(world):
+            ring.attend_keys(qr, torch.stack(parts[src][1:]), sh, src, (k_mean, v_amax, blocks), attend, merge)
+        o, l_ = merge.result()
+        outs.append(o)
+        lses.append(l_)
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+# (segment lengths, tokens per rank): boundaries on and off the 128-key grid, a rank inside one
+# block, an empty rank
+SPLITS = [([700, 300, 1000], (1000, 1000)), ([700, 300, 1000], (450, 1550)), ([2000], (700, 10, 1290)),
+          ([129, 1500, 371], (128, 999, 0, 873)), ([2000], (500, 500, 500, 500)), ([64, 1936], (100, 900, 1000))]
+
+
+@pytest.mark.parametrize("seqlens,counts", SPLITS, ids=[f"{len(c)}ranks-{'-'.join(map(str, c))}" for _, c in SPLITS])
+def test_virtual_ring_quantizes_as_one_device(seqlens, counts, seed):
+    """The ring's steps on the CPU with the reference's partial: every split quantizes K and V
+    as one device does, so the merged lse is the single process's up to FP32 rounding and the
+    output as close to exact attention."""
+    q, k, v, cu = inputs(seqlens, 2, seed)
+    out, lse = virtual_ring(q, k, v, cu, counts, parallel.local.reference_partial_attention)
+    want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
+    assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max())
+    assert rel_l2(out, want) <= 0.03
+    exact = R.attention_exact(q, k, v, cu)
+    assert rel_l2(out, exact) <= 1.1 * rel_l2(want, exact)
+
+
+@pytest.mark.parametrize("seqlens,counts", SPLITS, ids=[f"{len(c)}ranks-{'-'.join(map(str, c))}" for _, c in SPLITS])
+def test_key_pieces_cut_on_the_whole_segment_grid(seqlens, counts):
+    """A rank's keys in pieces that cover them in order, each 128-key block of a piece (counted
+    from each segment's first key in it, as a partial counts K scale blocks) inside one block of
+    the whole segment's grid."""
+    cu = list(itertools.accumulate([0, *seqlens]))
+    for src, n in enumerate(counts):
+        if not n:
+            continue
+        shard = virtual_shard(cu, counts, src, 1)
+        cu_k = parallel.local_seqlens(cu, shard.starts[src], n)
+        pieces = ring.key_pieces(shard, src, cu_k)
+        assert [lo for lo, _, _ in pieces] == [0, *[hi for _, hi, _ in pieces[:-1]]] and pieces[-1][1] == n
+        for lo, hi, cu_piece in pieces:
+            assert cu_piece[-1] == hi - lo
+            for i, (a, b) in enumerate(zip(cu_piece, cu_piece[1:])):
+                whole = [shard.starts[src] + lo + j - cu[i] for j in range(a, b)]  # positions in segment i
+                for f in range(0, b - a, 128):
+                    assert len({p // 128 for p in whole[f:f + 128]}) == 1, (src, lo, i, f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlens,counts", SPLITS, ids=[f"{len(c)}ranks-{'-'.join(map(str, c))}" for _, c in SPLITS])
+def test_virtual_ring_on_the_gpu_is_the_single_device_call(seqlens, counts, seed):
+    """The ring's steps on one GPU (the statistics passes, the partial kernel on key pieces cut on
+    the whole segments' grid) against one attention call: output within 0.03 and as close to
+    exact attention (1.1x), lse within 1e-3, at every split."""
+    from h3kernels import minimax_h3_varlen_attention_fp8
+
+    q, k, v, cu = (t.cuda() if torch.is_tensor(t) else t for t in inputs(seqlens, 8, seed))
+    out, lse = virtual_ring(q, k, v, cu, counts, parallel.local.default_partial_attention)
+    cu_dev = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    want, want_lse = minimax_h3_varlen_attention_fp8(q, k, v, cu_dev, cu_seqlens_host=cu, return_lse=True)
+    exact = R.attention_exact(q, k, v, cu)
+    err, want_err = rel_l2(out, exact), rel_l2(want, exact)
+    print(f"{counts}: rel L2 {rel_l2(out, want):.4f} from one call; against exact {err:.4f} / {want_err:.4f}; "
+          f"lse max |diff| {(lse - want_lse).abs().max().item():.2e}")
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+    assert rel_l2(out, want) <= 0.03
+    assert err <= 1.1 * want_err
+    assert (lse - want_lse).abs().max() <= 1e-3
 
 
 def test_lse_merge_of_key_halves_is_the_whole(seed):

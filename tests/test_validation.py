@@ -521,6 +521,8 @@ PARTIAL_BAD = [
     ("k_mean", lambda a: a["k_mean"].double(), TypeError, "k_mean: got .*float64.*float32"),
     ("v_scale", lambda a: a["v_scale"][:1], ValueError, r"v_scale: got shape \(1, 2, 128\)"),
     ("v_scale", lambda a: a["v_scale"].cpu().numpy(), TypeError, "v_scale: got numpy.ndarray"),
+    ("k_scale", lambda a: torch.ones(3, 2), ValueError, r"k_scale: got shape \(3, 2\); need shape \(2, 2\)"),
+    ("k_scale", lambda a: torch.ones(2, 2, dtype=torch.float64), TypeError, "k_scale: got .*float64.*float32"),
 ]
 
 
@@ -530,6 +532,27 @@ def test_partial_attention_bad_call_raises_before_any_work(name, make, exc, msg)
     args[name] = make(args)
     with pytest.raises(exc, match=msg):
         h3kernels.minimax_h3_varlen_attention_fp8_partial(**args)
+
+
+STATISTICS_BAD = [
+    ("segment_sums", dict(v=lambda a: a["v"][:5]), ValueError, r"v: got shape \(5, 2, 128\); need k's shape"),
+    ("segment_sums", dict(cu_seqlens_k=lambda a: (0, 4, 5)), ValueError, "cu_seqlens_k: got last entry 5"),
+    ("key_block_scales", dict(k_first=lambda a: (0,)), ValueError, "k_first: got 1 entries; need 2, one per segment"),
+    ("key_block_scales", dict(k_first=lambda a: (0, -1)), ValueError, "k_first: got entry -1; need entries >= 0"),
+    ("key_block_scales", dict(k_mean=lambda a: a["k_mean"][:, :1]), ValueError, r"k_mean: got shape \(2, 1, 128\)"),
+]
+
+
+@pytest.mark.parametrize("op,change,exc,msg", STATISTICS_BAD, ids=[f"{c[0]}-{i}" for i, c in enumerate(STATISTICS_BAD)])
+def test_ring_statistics_bad_call_raises_before_any_work(op, change, exc, msg):
+    from h3kernels import varlen_attention_fp8 as A
+
+    a = partial_args("cpu")
+    args = (dict(k=a["k"], v=a["v"], cu_seqlens_k=a["cu_seqlens_k"]) if op == "segment_sums" else
+            dict(k=a["k"], cu_seqlens_k=a["cu_seqlens_k"], k_mean=a["k_mean"], k_first=(0, 4)))
+    args.update({name: make(a) for name, make in change.items()})
+    with pytest.raises(exc, match=msg):
+        getattr(A, f"minimax_h3_varlen_attention_fp8_{op}")(**args)
 
 
 def test_partial_attention_on_cpu_tensors_is_a_device_error():

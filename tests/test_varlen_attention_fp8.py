@@ -246,7 +246,7 @@ def kernel_inputs(q, k, v, cu):
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
     heads = q.shape[1]
     blocks = Q.key_blocks(cu)
-    s_k_blocks = np.stack([s_k[first].numpy() for _, first, _ in blocks]) if len(blocks) else np.zeros((0, heads))
+    s_k_blocks = np.stack([s_k[first].numpy() for first in blocks[:, 1]]) if len(blocks) else np.zeros((0, heads))
     s_v_seg = np.stack([s_v[a].numpy() if b > a else np.zeros((heads, HD), np.float32) for a, b in zip(cu, cu[1:])])
     u8 = lambda x: x.view(torch.uint8).numpy()
     return u8(q8), s_q.numpy(), u8(k8), s_k_blocks.astype(np.float32), Q.v_transposed(u8(v8), cu), s_v_seg
@@ -371,7 +371,7 @@ def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(se
     assert set(tiles[:, 4].tolist()) == {2}  # segment 0 has no keys there, segment 3 no queries
     q8, s_q = R.quantize_rows(qa)
     _, _, k8, s_k, v8, _ = R.quantize_attention_inputs(qa[:0], kb, vb, cu_k, k_mean=mean, v_amax=amax)
-    s_k_blocks = np.stack([s_k[first].numpy() for _, first, _ in blocks])
+    s_k_blocks = np.stack([s_k[first].numpy() for first in blocks[:, 1]])
     s_v = R.div(amax, 448.0).numpy()
     u8 = lambda x: x.view(torch.uint8).numpy()
     got, lse = emulate_kernel(tiles, block_offset, u8(q8), s_q.numpy(), u8(k8), s_k_blocks, Q.v_transposed(u8(v8), cu_k),
@@ -394,7 +394,7 @@ def test_launch_values_fit_the_kernels_parameters(monkeypatch):
     monkeypatch.setattr(numba_ptx, "kernel", lambda name, device_id: name)
     ptr = 1 << 20
     own = L.quant_launches(0, 300, 2, 3, 4, ptr, ptr, ptr, ptr, 1, ptr, ptr, ptr)
-    cross = L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, ptr, ptr)
+    cross = L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, None, ptr, ptr)
     assert [name for name, *_ in cross] == ["q_kernel", "k_quant_kernel", "v_quant_kernel"]
     for name, kern, grid, threads, values in own + cross:
         assert len(values) == len(numba_ptx.params(name)), name
@@ -748,6 +748,16 @@ def test_kernel_partial_attention_matches_the_reference_partial(seed):
     assert (got[:70] == 0).all() and torch.isinf(got_lse[:, :70]).all()  # no keys for segment 0 here
     assert rel_l2(got[70:], want[70:]) <= 0.03, rel_l2(got[70:], want[70:])
     assert (got_lse[:, 70:] - want_lse[:, 70:]).abs().max() <= 1e-4 * (1 + want_lse[:, 70:].abs().max())
+    # the whole segments' K scales given (k_scale per key): here those the K pass computes itself
+    s_k = R.quantize_attention_inputs(q[:0].cpu(), k.cpu(), v.cpu(), cu, k_mean=mean.cpu(), v_amax=amax.cpu())[3]
+    given = kernel_partial_attention(*args[:-1], s_k[326:].cuda())
+    assert same_bits(given[0], got) and torch.equal(given[1], got_lse)
+    # scales 1.5 times as large (a power of two would scale the codes exactly): another
+    # quantization of K, as the reference's with those scales
+    given = kernel_partial_attention(*args[:-1], 1.5 * s_k[326:].cuda())
+    want, want_lse = reference_partial_attention(*args[:-1], 1.5 * s_k[326:].cuda())
+    assert not same_bits(given[0], got) and rel_l2(given[0][70:], want[70:]) <= 0.03
+    assert (given[1][:, 70:] - want_lse[:, 70:]).abs().max() <= 1e-4 * (1 + want_lse[:, 70:].abs().max())
 
 
 @pytest.mark.gpu
@@ -884,3 +894,28 @@ def test_reference_rows_are_the_references(seed):
     idx = torch.tensor([0, 4, 5, 6, 100, 204, 205, 300, 334])
     got = reference_rows(q, k, v, cu, idx, softmax_scale=0.2, chunk=2)
     assert same_bits(got, want[idx])
+
+
+@pytest.mark.gpu
+def test_ring_statistics_passes(seed):
+    """The ring's statistics of a rank's keys on the GPU: each segment's key sums (FP32, to their
+    order of addition) and amax |v| (bitwise), and the K scale RN(amax |k - mean| / 448) of each
+    block of the whole segments' 128-key grid (bitwise), keys starting inside a block and a
+    segment with none."""
+    from h3kernels._launch.varlen_attention_fp8_plan import grid_blocks
+    from h3kernels.varlen_attention_fp8 import (minimax_h3_varlen_attention_fp8_key_block_scales,
+                                                minimax_h3_varlen_attention_fp8_segment_sums)
+
+    _, k, v, _, cu = make_attention_inputs([130, 5, 0, 200, 60], 4, device="cuda", seed=seed, k_offset=3.0)
+    sums, amax = minimax_h3_varlen_attention_fp8_segment_sums(k, v, cu)
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        want = k[a:b].float().sum(0) if b > a else torch.zeros_like(sums[i])
+        assert torch.allclose(sums[i], want, rtol=1e-5, atol=1e-4), i
+        assert same_bits(amax[i], v[a:b].float().abs().amax(0) if b > a else torch.zeros_like(amax[i])), i
+    mean = sums / torch.tensor([max(b - a, 1) for a, b in zip(cu, cu[1:])], device="cuda")[:, None, None]
+    firsts = (0, 5, 33, 198, 127)
+    got = minimax_h3_varlen_attention_fp8_key_block_scales(k, cu, mean, firsts)
+    blocks = grid_blocks(tuple(cu), firsts)[1]
+    amax = torch.stack([(k[f:f + c].float() - mean[s]).abs().amax(dim=(0, 2)) for s, f, c in blocks.tolist()])
+    want = R.div(amax, 448.0)
+    assert got.shape == (8, 4) and same_bits(got, want)

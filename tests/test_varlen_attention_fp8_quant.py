@@ -1,10 +1,16 @@
 """The attention quantization passes (Numba), bitwise against h3kernels.reference: in the CUDA
 simulator without a GPU, on the GPU with one."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
+from h3kernels import reference as R
 from h3kernels.testing import simulator as numba_check
+from h3kernels._launch import host
 from h3kernels._launch.numba import varlen_attention_fp8_quant as Q
+from h3kernels._launch.varlen_attention_fp8_plan import grid_blocks, plan_host
 from h3kernels.testing.inputs import make_attention_inputs
 from numba.cuda import config
 
@@ -126,3 +132,108 @@ def check_nan_scales(seed):
     mismatches = numba_check.attention_pass_mismatches(q, k, v, cu, out)  # NaN where the reference's are
     assert not mismatches, f"differ from the reference: {mismatches}"
     assert (out["q8"][3, 1] == 0).all() and (out["k8"][5:, 0] == 0).all()
+
+
+# A rank's keys on its segments' 128-key grids: segment i's keys here start RANK_INTO[i] keys into
+# the whole segment, so its first block ends RANK_INTO[i] % 128 keys short of 128: 0, 5, 70 and
+# 127 (a block of one key), and an empty segment. Small: the simulator runs a few thousand threads
+# a second.
+RANK_SEQLENS, RANK_INTO = [130, 5, 0, 200, 60], (0, 5, 33, 70 + 128, 127)
+
+
+def rank_blocks(cu):
+    return grid_blocks(tuple(cu), RANK_INTO)
+
+
+def test_grid_blocks_are_the_whole_segments_blocks():
+    cu = (0, 130, 135, 135, 335, 395)
+    offset, blocks = grid_blocks(cu, (0,) * 5)
+    assert np.array_equal(blocks, Q.key_blocks(cu)) and np.array_equal(offset, plan_host(cu, 1)[1])
+    assert rank_blocks(cu)[1][:, 2].tolist() == [128, 2, 5, 58, 128, 14, 1, 59]
+
+
+def segment_amax(x, cu):
+    """amax |x| over each segment's keys, f32 [segments, heads, 128] (zeros where empty)."""
+    out = torch.zeros((len(cu) - 1, *x.shape[1:]), dtype=torch.float32)
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        if b > a:
+            out[i] = x[a:b].float().abs().amax(dim=0)
+    return out
+
+
+def per_key(values, blocks):
+    """f32 [n, heads] per block -> per key [tokens, heads] (the reference's k_scale)."""
+    return torch.from_numpy(np.repeat(values, blocks[:, 2], axis=0))
+
+
+@pytest.fixture(scope="module")
+def grid_runs(seed_of):
+    """The K passes on a rank's grid blocks (RANK_INTO), with head 1's longest segment constant
+    (s_k = 0) and a NaN in segment 0's first block at head 0: kv_quant_passes (`plain`: its s_k
+    is the blocks' scales the ring combines), then k_given_scale_passes with plain's s_k
+    (`given`) and with RN(2 amax / 448) (`big`). mu is the local keys' mean, as good as the whole
+    segment's. Its tests are marked slow (the simulator)."""
+    _, k, v, cu = hard_inputs(RANK_SEQLENS, 2, seed_of("grid_runs"))
+    k[3, 0, 17] = float("nan")
+    _, blocks = rank_blocks(cu)
+    tokens, heads, n = k.shape[0], k.shape[1], len(blocks)
+    mu = R.segment_key_means(k, cu)
+    k8 = lambda: np.full((tokens, heads, 128), numba_check.CODE_POISON, np.uint8)
+    inputs = dict(k=numba_check.bits16(k), mu=mu.numpy(), blocks=blocks)
+    plain = host.quant_passes(Q.kv_quant_passes, dict(
+        inputs, v=numba_check.bits16(v), s_v=R.div(segment_amax(v, cu), 448.0).numpy(), k8=k8(),
+        s_k=np.full((n, heads), np.nan, np.float32),
+        v8t=np.full((heads, 128, n * 128), numba_check.CODE_POISON, np.uint8)))
+    amax = np.stack([(k[first:first + count].float() - mu[seg]).abs().amax(dim=(0, 2)).numpy()
+                     for seg, first, count in blocks])
+    big_scales = R.div(torch.from_numpy(2 * amax), 448.0).numpy()
+    given = host.quant_passes(Q.k_given_scale_passes, dict(inputs, k8=k8(), s_k=plain["s_k"].copy()))
+    big = host.quant_passes(Q.k_given_scale_passes, dict(inputs, k8=k8(), s_k=big_scales.copy()))
+    return SimpleNamespace(k=k, v=v, cu=cu, blocks=blocks, mu=mu, plain=plain, amax=amax, given=given, big=big,
+                           big_scales=big_scales)
+
+
+@pytest.mark.slow
+def test_grid_block_scales_and_given_scales(grid_runs):
+    """The K pass on grid blocks: s_k = RN(amax |RN(k - mu)| / 448) per block and head, NaN kept,
+    bitwise as torch's; given those scales, k_quant_given_kernel writes k_quant_kernel's codes."""
+    g = grid_runs
+    assert numba_check.same_scales(g.plain["s_k"], R.div(torch.from_numpy(g.amax), 448.0).numpy())
+    assert np.isnan(g.plain["s_k"][0, 0]) and (g.plain["s_k"][3:6, 1] == 0).all()  # the NaN; head 1's constant keys
+    assert numba_check.same_codes(g.given["k8"], g.plain["k8"])
+
+
+@pytest.mark.slow
+def test_k_quant_given_uses_the_given_scales(grid_runs):
+    """Scales RN(2 amax / 448): the reference's codes with those scales given per key."""
+    g = grid_runs
+    _, _, k8, _, _, _ = R.quantize_attention_inputs(g.k[:0], g.k, g.v, g.cu, k_mean=g.mu,
+                                                   k_scale=per_key(g.big_scales, g.blocks))
+    assert numba_check.same_codes(g.big["k8"], k8.view(torch.uint8).numpy())
+    assert not numba_check.same_codes(g.big["k8"], g.plain["k8"])
+
+
+def test_segment_sums_add_blocks_in_order(seed):
+    """kv_segment_sums_kernel on a rank's blocks: each segment's keys of k added in token order
+    per block, the block sums in block order (f32 adds, as torch's), and amax |v|, bitwise."""
+    _, k, v, cu = hard_inputs(RANK_SEQLENS, 2, seed)
+    v[60, 1, 3] = float("nan")  # an amax keeps it
+    offset, blocks = rank_blocks(cu)
+    segments, heads, n = len(cu) - 1, k.shape[1], len(blocks)
+    shape = (segments, heads, 128)
+    out = host.quant_passes(Q.segment_sum_passes, dict(
+        k=numba_check.bits16(k), v=numba_check.bits16(v), blocks=blocks, block_offset=offset,
+        partials=np.full((2, n, heads, 128), np.nan, np.float32), sums=np.full(shape, np.nan, np.float32),
+        v_amax=np.full(shape, np.nan, np.float32)))
+    sums = torch.zeros(shape)
+    for seg, first, count in blocks:
+        part = torch.zeros(shape[1:])
+        for t in range(first, first + count):
+            part = part + k[t].float()
+        sums[seg] = sums[seg] + part
+    assert numba_check.same_scales(out["sums"], sums.numpy())
+    # segment 0's blocks start at its start, as the plain pass's: sum / L is the reference's mean
+    mean = R.div(torch.from_numpy(out["sums"][0]), float(cu[1] - cu[0]))
+    assert numba_check.same_scales(mean.numpy(), R.segment_key_means(k, cu)[0].numpy())
+    assert numba_check.same_scales(out["v_amax"], segment_amax(v, cu).numpy())
+    assert np.isnan(out["v_amax"][0, 1, 3])

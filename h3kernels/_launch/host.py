@@ -41,6 +41,13 @@ def attention_passes(arrays):
     return _on_runner(varlen_attention_fp8_quant.launch, arrays)
 
 
+def quant_passes(passes, arrays):
+    """Runs the passes that passes(**arrays) gives (a (name, thunk) list builder of
+    varlen_attention_fp8_quant: kv_quant_passes, segment_sum_passes, k_given_scale_passes) on
+    numpy arrays; returns them all after the run."""
+    return _on_runner(lambda **a: [run() for _, run in passes(**a)], arrays)
+
+
 def v_transposed(v8, cu_seqlens_host):
     """numpy v8t (the V pass's layout) from v8 uint8 [tokens, heads, 128]."""
     from h3kernels._launch.numba import varlen_attention_fp8_quant

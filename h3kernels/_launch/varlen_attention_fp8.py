@@ -8,6 +8,7 @@ Scratch (h3kernels/_runtime/workspace.py): one buffer per call from the caller's
 its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums. The
 segment plan is the device's copy, built once per plan (workspace.PlanCache).
 """
+import contextlib
 import dataclasses
 import functools
 from typing import ClassVar
@@ -160,29 +161,40 @@ def _q_pass(add, rows, q, q8, s_q):
             (*vec(q, rows * 32, 8), *vec(q8, rows * 32, 4), *vec(s_q, rows, 4), rows))
 
 
-def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, v8t):
-    """The K and V passes over the n key blocks of k, v (`tokens` tokens), centred on mu and scaled
-    by s_v (f32 [segments, heads, 128] addresses), into k8, s_k and v8t (addresses)."""
+def _k_pass(add, tokens, heads, segments, n, k, mu, blocks, k8, s_k, k_scale_given=False):
+    """The K pass over the n key blocks of k (`tokens` tokens), centred on mu (f32 [segments,
+    heads, 128] address), into k8 and s_k (addresses); with k_scale_given, s_k holds the K scales
+    already and the pass reads them."""
     if n:
         vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
-        add("k_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
+        add("k_quant_given_kernel" if k_scale_given else "k_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n), *vec(k8, words, 4),
              *vec(s_k, n * heads, 4), heads))
+
+
+def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, v8t, k_scale_given=False):
+    """The K pass (_k_pass) and the V pass over the n key blocks of v, scaled by s_v (f32
+    [segments, heads, 128] address), into v8t (address)."""
+    _k_pass(add, tokens, heads, segments, n, k, mu, blocks, k8, s_k, k_scale_given)
+    if n:
+        vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
         add("v_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
             (*vec(v, words, 8), *vec(s_v, segments * plane, 4), *_blocks_array(blocks, n),
              *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 
 
-def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, blocks, base):
+def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, s_k, blocks, base):
     """The passes of run_partial: the Q pass over q, the K and V passes over the key block with the
-    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes), into
-    the workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
+    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes) and,
+    where s_k is an address, the caller's K scales (f32 [n, heads]), into the workspace at `base`
+    laid out for max(tokens_q, tokens_k) tokens."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
     out = []
     add = lambda name, grid, threads, values: out.append((name, numba_ptx.kernel(name, device_id), grid, threads,
                                                           values))
     _q_pass(add, tokens_q * heads, q, base + o_q8, base + o_sq)
-    _kv_passes(add, tokens_k, heads, segments, n, k, v, mu, s_v, blocks, base + o_k8, base + o_sk, base + o_v8t)
+    _kv_passes(add, tokens_k, heads, segments, n, k, v, mu, s_v, blocks, base + o_k8,
+               base + o_sk if s_k is None else s_k, base + o_v8t, k_scale_given=s_k is not None)
     return out
 
 
@@ -202,30 +214,32 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
                    scale, CAPTURE_ADVICE, keep)
 
 
-def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, form):
+def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k, form):
     """The ring's step on the call's stream: the queries of segment i of q (rows cu_q[i] ..
     cu_q[i + 1]) against the keys of segment i of k, v (cu_k), K centred on mu and V scaled by s_v
     (the caller's f32 [segments, heads, 128] arrays: the whole segments' statistics), K scaled
-    per 128-key block from each segment's first key in k. out and lse (f32 [heads, q tokens]) are
+    per 128-key block from each segment's first key in k, by s_k (f32 [key blocks, heads]) where
+    given, else by the block's own amax. out and lse (f32 [heads, q tokens]) are
     written for the rows of segments that have keys here, and left as they are elsewhere. The
     call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
+    s_k = None if s_k is None else data_ptr(s_k)
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
-        data_ptr(s_v), blocks, base)
+        data_ptr(s_v), s_k, blocks, base)
     return _attend(call, attention_build(call.device_id, form, lse is not None), ("cross", cu_q, cu_k, heads),
                    lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
-                   q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE)
+                   q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE, s_k=s_k)
 
 
 def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes, q, out, lse, mu, s_v, scale,
-            advice, keep=None):
+            advice, keep=None, s_k=None):
     """What run and run_partial share: the device plan make_plan() gives (built once per key on
     the host), the call's scratch laid out for ws_tokens tokens, the passes
     `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
-    AttentionBuild of this module or of the Hopper family's). mu and s_v: addresses, or None for
-    the scratch's own (which the passes fill); advice: the error's words under a capture that
+    AttentionBuild of this module or of the Hopper family's). mu, s_v and s_k: addresses, or None
+    for the scratch's own (which the passes fill); advice: the error's words under a capture that
     would need a new plan. Returns the attention kernel's LaunchRecord; the
     scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
     plans = workspace.plans(call.device_id)
@@ -248,17 +262,80 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
             kern.launch(stream, grid, threads, values)
         s_v = base + o_sv if s_v is None else s_v
         mu = base + o_mu if mu is None else mu
+        s_k = base + o_sk if s_k is None else s_k
         lse_ptr = 0 if lse is None else data_ptr(lse)
         tokens = int(q.shape[0])
         if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
             values = hopper.launch_values(base + o_q8, base + o_k8, base + o_v8t, ws_tokens, n * K_BLOCK, tiles,
-                                          n_tiles, block_offset, base + o_sq, base + o_sk, s_v, data_ptr(out), heads,
+                                          n_tiles, block_offset, base + o_sq, s_k, s_v, data_ptr(out), heads,
                                           scale * LOG2E, lse_ptr, data_ptr(q), mu, tokens, scale, q_bounds)
             return hopper.launch(call, n_tiles, build, values)
         f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
         return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
-                        (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, base + o_sk,
+                        (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, s_k,
                          base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
                          data_ptr(q), mu, tokens, scale, q_bounds))
     finally:
         plans.release(held_plan, call.stream_ptr, capturing, launched)
+
+
+STATISTICS_CAPTURE_ADVICE = ("the ring's statistics passes: this stream is capturing a CUDA graph, and the call "
+                             "would build a new block plan; call it once with the same boundaries before the capture")
+
+
+def run_segment_sums(call, k, v, cu_k, heads, k_sum, v_amax):
+    """k_sum, v_amax (f32 [segments, heads, 128]) <- each segment's keys of k added (blocks from
+    each segment's first key, kv_block_kernel's order) and amax |v|, on the call's stream; the
+    call's device must be current."""
+    segments = len(cu_k) - 1
+    with _held_plan(call, ("blocks", cu_k), lambda: plan._blocks(cu_k)) as (block_offset, blocks, n):
+        if not n:
+            call.zero(data_ptr(k_sum), segments * heads * HEAD_DIM * 4)
+            call.zero(data_ptr(v_amax), segments * heads * HEAD_DIM * 4)
+            return
+        plane = heads * HEAD_DIM
+        held = workspace.scratch(call, 2 * n * plane * 4)
+        part, words = data_ptr(held), int(k.shape[0]) * plane // 4
+        vec, seg3 = numba_ptx.vector, lambda a: (0, 0, segments * plane, 4, a, segments, heads, HEAD_DIM, plane * 4,
+                                                  HEAD_DIM * 4, 4)
+        _launch_passes(call, (
+            ("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
+             (*vec(data_ptr(k), words, 8), *vec(data_ptr(v), words, 8), *_blocks_array(blocks, n),
+              *vec(part, 2 * n * plane, 4), heads, n)),
+            ("kv_segment_sums_kernel", (segments, heads), G.SEG_THREADS,
+             (*vec(block_offset, segments + 1, 4), 0, 0, 2 * n * plane, 4, part, 2, n, heads, HEAD_DIM,
+              4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4, *seg3(data_ptr(k_sum)), *seg3(data_ptr(v_amax))))))
+
+
+def grid_block_count(cu_k, firsts):
+    """The blocks of run_key_block_scales: those of plan.grid_blocks."""
+    return int(plan.grid_blocks(cu_k, firsts)[0][-1])
+
+
+def run_key_block_scales(call, k, cu_k, firsts, heads, k_mean, s_k):
+    """s_k (f32 [blocks, heads]) <- RN(amax |RN(k - k_mean)| / 448) over each block of
+    plan.grid_blocks(cu_k, firsts): the K pass on those blocks, its codes into scratch; on the
+    call's stream, the call's device current."""
+    segments, words = len(cu_k) - 1, int(k.shape[0]) * heads * 32
+    with _held_plan(call, ("grid", cu_k, firsts), lambda: plan.grid_blocks(cu_k, firsts)) as (_, blocks, n):
+        held = workspace.scratch(call, 4 * words)  # the codes, not kept: a ring step quantizes its keys itself
+        _k_pass(lambda *launch: _launch_passes(call, (launch,)), int(k.shape[0]), heads, segments, n, data_ptr(k),
+                data_ptr(k_mean), blocks, data_ptr(held), data_ptr(s_k))
+
+
+@contextlib.contextmanager
+def _held_plan(call, key, make):
+    """(block_offset, blocks, n) of the device copy of make()'s (block_offset, blocks), held while
+    the body queues its launches."""
+    plans = workspace.plans(call.device_id)
+    capturing = call.capturing
+    held = plans.take(key, make, capturing, STATISTICS_CAPTURE_ADVICE)
+    try:
+        yield held.ptrs[0], held.ptrs[1], held.rows[1]
+    finally:
+        plans.release(held, call.stream_ptr, capturing)
+
+
+def _launch_passes(call, passes):
+    for name, grid, threads, values in passes:
+        numba_ptx.kernel(name, call.device_id).launch(call.stream_ptr, grid, threads, values)

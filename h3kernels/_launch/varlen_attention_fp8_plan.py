@@ -88,3 +88,21 @@ def cross_plan_arrays(cu_q, cu_k, heads):
     segments that have both, the key blocks of cu_k, and q_bounds = cu_q."""
     block_offset, blocks = _blocks(cu_k)
     return _cross_plan_host(cu_q, cu_k, heads), block_offset, blocks, np.asarray(cu_q, dtype=np.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def grid_blocks(cu, firsts):
+    """The 128-key blocks of keys in segments cu (a tuple of ints) whose key 0 is key firsts[i]
+    of its whole segment i (a tuple of ints), cut where the whole segment's blocks are (every 128
+    keys from its start): (block_offset int32 [segments + 1], blocks int64 [n, 3]) as _blocks
+    gives them, for the statistics a ring gathers on the whole segments' grid."""
+    rows, block_offset = [], [0]
+    for i, (a, b, f) in enumerate(zip(cu, cu[1:], firsts)):
+        cut = a
+        while cut < b:
+            end = min(b, cut + K_BLOCK - (f + cut - a) % K_BLOCK)
+            rows.append((i, cut, end - cut))
+            cut = end
+        block_offset.append(len(rows))
+    blocks = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return np.array(block_offset, dtype=np.int32), blocks

@@ -7,7 +7,7 @@ import operator
 
 from h3kernels import _validate as v
 from h3kernels._runtime import arrays as adapter
-from h3kernels.constants import HEAD_DIM
+from h3kernels.constants import HEAD_DIM, K_BLOCK
 
 FP8_MMA_FORMS = (-1, 0, 2, 3)
 
@@ -142,16 +142,62 @@ def device(dev):
     v.fail("device", repr(dev), _DEVICE_NEED, TypeError)
 
 
-def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale):
+def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, k_scale=None):
     """The partial attention's arrays and boundaries (minimax_h3_varlen_attention_fp8_partial):
     q bf16 [q tokens, heads, 128], k and v bf16 [k tokens, heads, 128], contiguous; the two
     boundaries host sequences of ints of one length (segments + 1), each from 0, non-decreasing,
-    to its tokens; k_mean and v_scale f32 [segments, heads, 128], contiguous. Devices are the
-    caller's to check. Returns (q tokens, k tokens, heads, cu_q, cu_k) with the boundaries as
-    tuples."""
-    read = v.reader(v.arrays(v.GPU_ARRAYS, dict(q=q, k=k, v=v_, k_mean=k_mean, v_scale=v_scale)))
-    fq, fk, fv = read(q), read(k), read(v_)
-    for name, a, f in (("q", q, fq), ("k", k, fk), ("v", v_, fv)):
+    to its tokens; k_mean and v_scale f32 [segments, heads, 128], contiguous; k_scale None or f32
+    [key blocks of cu_seqlens_k, heads], contiguous. Devices are the caller's to check. Returns (q
+    tokens, k tokens, heads, cu_q, cu_k) with the boundaries as tuples."""
+    read = _reader(q=q, k=k, v=v_, k_mean=k_mean, v_scale=v_scale, k_scale=k_scale)
+    tokens_q, heads = _bf16_rows(read, q=q)
+    tokens_k, _ = _keys(read, k, v_, heads, "q's")
+    cu_q = _host_bounds("cu_seqlens_q", cu_seqlens_q, tokens_q, "q.shape[0]")
+    cu_k = _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens_k, "k.shape[0]")
+    if len(cu_k) != len(cu_q):
+        v.fail("cu_seqlens_k", f"{len(cu_k)} entries", f"{len(cu_q)}, as cu_seqlens_q (one per segment + 1)")
+    _segment_planes(read, heads, len(cu_q) - 1, k_mean=k_mean, v_scale=v_scale)
+    if k_scale is not None:
+        blocks = sum(-(-(b - a) // K_BLOCK) for a, b in zip(cu_k, cu_k[1:]))
+        v.array_of("k_scale", k_scale, read(k_scale), adapter.F32, (blocks, heads))
+    return tokens_q, tokens_k, heads, cu_q, cu_k
+
+
+def check_segment_sums_args(k, v_, cu_seqlens_k):
+    """minimax_h3_varlen_attention_fp8_segment_sums' arguments: k and v as the partial attention's,
+    cu_seqlens_k host boundaries to k's tokens. Returns (heads, cu_k)."""
+    read = _reader(k=k, v=v_)
+    tokens, heads = _keys(read, k, v_, None, None)
+    return heads, _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens, "k.shape[0]")
+
+
+def check_key_block_scales_args(k, cu_seqlens_k, k_mean, k_first):
+    """minimax_h3_varlen_attention_fp8_key_block_scales' arguments: k as the partial attention's,
+    cu_seqlens_k host boundaries to its tokens, k_mean f32 [segments, heads, 128], k_first host
+    ints >= 0, one per segment. Returns (heads, cu_k, k_first as a tuple)."""
+    read = _reader(k=k, k_mean=k_mean)
+    tokens, heads = _bf16_rows(read, k=k)
+    cu_k = _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens, "k.shape[0]")
+    _segment_planes(read, heads, len(cu_k) - 1, k_mean=k_mean)
+    firsts = v.host_ints("k_first", k_first)
+    if len(firsts) != len(cu_k) - 1:
+        v.fail("k_first", f"{len(firsts)} entries", f"{len(cu_k) - 1}, one per segment of cu_seqlens_k")
+    if any(f < 0 for f in firsts):
+        v.fail("k_first", f"entry {min(firsts)}", "entries >= 0 (a key's position in its whole segment)")
+    return heads, cu_k, firsts
+
+
+def _reader(**named):
+    """The facts reader of the given arrays (None entries left out), all of one accepted kind."""
+    return v.reader(v.arrays(v.GPU_ARRAYS, {n: a for n, a in named.items() if a is not None}))
+
+
+def _bf16_rows(read, **named):
+    """Each named array bf16 [tokens, heads >= 1, 128], contiguous and 8-byte aligned (the
+    quantization passes read bf16 quads). Returns the first one's (tokens, heads)."""
+    first = None
+    for name, a in named.items():
+        f = read(a)
         if f[0] != adapter.BF16:
             v.dtype(name, a, adapter.BF16)
         shape = tuple(f[1])
@@ -159,21 +205,27 @@ def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale):
             v.fail(name, f"shape {shape}", f"shape (tokens, heads >= 1, {HEAD_DIM})")
         if not f[2]:
             v.contiguous_(name, a)
-        v.aligned_of(name, f, 8)  # the quantization passes read bf16 quads
-    tokens_q, heads = int(fq[1][0]), int(fq[1][1])
-    if int(fk[1][1]) != heads:
-        v.fail("k", f"{int(fk[1][1])} heads", f"q's {heads}")
+        v.aligned_of(name, f, 8)
+        first = first or (int(shape[0]), int(shape[1]))
+    return first
+
+
+def _keys(read, k, v_, heads, whose):
+    """k and v: _bf16_rows, one shape, with `heads` heads (`whose` names where that count comes
+    from) when given. Returns (k tokens, heads)."""
+    tokens_k, heads_k = _bf16_rows(read, k=k, v=v_)
+    if heads is not None and heads_k != heads:
+        v.fail("k", f"{heads_k} heads", f"{whose} {heads}")
+    fk, fv = read(k), read(v_)
     if tuple(fv[1]) != tuple(fk[1]):
         v.fail("v", f"shape {tuple(fv[1])}", f"k's shape {tuple(fk[1])}")
-    tokens_k = int(fk[1][0])
-    cu_q = _host_bounds("cu_seqlens_q", cu_seqlens_q, tokens_q, "q.shape[0]")
-    cu_k = _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens_k, "k.shape[0]")
-    if len(cu_k) != len(cu_q):
-        v.fail("cu_seqlens_k", f"{len(cu_k)} entries", f"{len(cu_q)}, as cu_seqlens_q (one per segment + 1)")
-    segments = len(cu_q) - 1
-    for name, a in (("k_mean", k_mean), ("v_scale", v_scale)):
+    return tokens_k, heads_k
+
+
+def _segment_planes(read, heads, segments, **named):
+    """Each named array f32 [segments, heads, 128], contiguous."""
+    for name, a in named.items():
         v.array_of(name, a, read(a), adapter.F32, (segments, heads, HEAD_DIM))
-    return tokens_q, tokens_k, heads, cu_q, cu_k
 
 
 def _host_bounds(name, values, tokens, of):

@@ -154,7 +154,9 @@ def parser():
     gpu_option(c)
     json_option(c)
     b = command("bench", cmd_bench, "time both operators, in each mma form they offer here, beside torch "
-                                    "(torch.compile's FP8 MLP; bf16 SDPA) and the e4m3 ceiling of each form's family (GPU)")
+                                    "(torch.compile's FP8 MLP; bf16 SDPA), the FP8 attention peers where installed "
+                                    "(FlashAttention-3, cuDNN) and the e4m3 ceiling of each form's family; the "
+                                    "attention's accuracy beside the FP8 peers' (GPU)")
     b.add_argument("--rows", type=positive_rows, nargs="*", default=[16384], metavar="M",
                    help="MLP rows (default 16384; none: no MLP)")
     b.add_argument("--segments", type=segment_set, nargs="*", default=[[4096] * 4, [16384]], metavar="SET",

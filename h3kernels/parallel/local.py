@@ -5,6 +5,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels.constants import E4M3_MAX
+from h3kernels.parallel.layout import block_firsts
 from h3kernels.quantize import div
 
 # the forms of the callables a caller may give in place of the defaults (as checks name them)
@@ -47,14 +48,17 @@ def reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_sca
 
 def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
     """default_partial_attention by the GPU operator minimax_h3_varlen_attention_fp8_partial on
-    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it. Its K scale blocks start
-    at each segment's first key in k, so k_scale is not used: the same grid as the whole
-    segment's wherever a rank boundary lies a multiple of 128 keys into the segment (an even
-    split of 65536 tokens, for one)."""
+    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it, K by the scale of each
+    128-key block counted from each segment's first key in k, read from k_scale at the block's
+    first key: the caller's blocks must each lie inside one block of the whole segment's grid,
+    as the ring's key pieces do (ring.key_pieces). k_scale None: each block's own amax."""
     from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_partial
 
     amax = v_amax.to(torch.float32)
     v_scale = div(amax, E4M3_MAX).contiguous()  # RN(amax / 448), as the V pass
+    if k_scale is not None:
+        firsts = torch.tensor(block_firsts(cu_seqlens_k), dtype=torch.int64, device=k_scale.device)
+        k_scale = k_scale.to(torch.float32)[firsts].contiguous()
     return minimax_h3_varlen_attention_fp8_partial(q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k),
-                                                   k_mean.to(torch.float32).contiguous(), v_scale,
+                                                   k_mean.to(torch.float32).contiguous(), v_scale, k_scale=k_scale,
                                                    softmax_scale=softmax_scale)

@@ -5,9 +5,12 @@ block is attended to), and each rank merges its partial results by their log-sum
 Segments may cross rank boundaries. A segment's K is centred on the mean over all of its keys,
 its K scales are those of the whole segment's 128-key blocks and its V is scaled by the amax
 over all of its keys (all-reduces of per-rank partial sums and maxima, for the segments that
-cross a boundary only): every partial quantizes its key block as the single-device attention
-does (the mean up to its summation order), so that the partials differ from one attention over
-all keys only where P is rounded (against each partial's own row maximum). Where no segment
+cross a boundary only). A partial counts K scale blocks from each segment's first key it is
+given, so a rank's keys that start inside a whole-segment block go to a partial of their own
+up to the next block boundary (key_pieces): every partial then quantizes its keys as the
+single-device attention does (the mean up to its summation order), and the partials differ
+from one attention over all keys only where P is rounded (against each partial's own row
+maximum). Where no segment
 crosses a rank boundary (a world of one, for one) each rank's call is the plain attention of its
 own tokens, with no message but the all-gather of the token counts when tokens_per_rank is not
 given (a world of one needs none)."""
@@ -19,6 +22,7 @@ from h3kernels.constants import E4M3_MAX, HEAD_DIM, K_BLOCK
 from h3kernels.parallel import _group, layout
 from h3kernels.parallel.local import PARTIAL_FORM, default_attention, default_partial_attention
 from h3kernels.parallel.merge import LseMerge
+from h3kernels.quantize import div
 
 
 def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out=None, softmax_scale=None,
@@ -35,7 +39,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     if partial_attention is None and not s.crossing:
         return _group.plain_call(s, default_attention, q, k, v, out, clock)
     clock.start()
-    k_mean, v_amax, block_amax = segment_statistics(k, v, s)
+    stats = segment_statistics(k, v, s)
     clock.lap("comm")
     merge = LseMerge(s.tokens, s.heads, HEAD_DIM, q.device)
     steps = s.world if s.crossing else 1  # no segment crosses a boundary: the local block is all there is
@@ -53,10 +57,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
                 ops.append(dist.P2POp(dist.irecv, buf, s.peer((s.rank - 1) % s.world), s.group))
             if ops:
                 reqs = dist.batch_isend_irecv(ops)
-        cu_k = layout.local_seqlens(s.cu, s.starts[src], s.counts[src])
-        if s.tokens and s.counts[src] and layout.segments_meeting(s.local_cu, cu_k):
-            merge.add(*attend(q, cur[0], cur[1], s.local_cu, cu_k, s.scale, k_mean, v_amax,
-                              key_scales(s, block_amax, src)))
+        attend_keys(q, cur, s, src, stats, attend, merge)
         clock.lap("attention")
         for r in reqs:
             r.wait()
@@ -66,20 +67,28 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     return (res, lse) if s.want_lse else res
 
 
+def attend_keys(q, kv, s, src, stats, attend, merge):
+    """This rank's queries against rank src's keys kv ([2, n, heads, 128]: K, V; None where src
+    has none), as partials (attend) added to merge; stats: segment_statistics'. Nothing where no
+    segment has both."""
+    k_mean, v_amax, block_scales = stats
+    cu_k = layout.local_seqlens(s.cu, s.starts[src], s.counts[src])
+    if s.tokens and s.counts[src] and layout.segments_meeting(s.local_cu, cu_k):
+        scales = key_scales(s, block_scales, src)
+        for lo, hi, cu_piece in key_pieces(s, src, cu_k):
+            merge.add(*attend(q, kv[0, lo:hi], kv[1, lo:hi], s.local_cu, cu_piece, s.scale, k_mean, v_amax,
+                              scales[lo:hi]))
+
+
 def segment_statistics(k, v, s):
-    """(k_mean, v_amax, k_block_amax): each segment's key mean and amax |v| (f32 [segments,
-    heads, 128]) and each 128-key block's amax |k - mean| (f32 [blocks, heads], the blocks of
-    every whole segment from its start, numbered segment after segment) over all of its tokens
-    on every rank. Segments inside one rank need no message; for the others one SUM all-reduce
-    gives the means, then one MAX all-reduce the maxima."""
-    segments = len(s.cu) - 1
-    shape = (segments, s.heads, HEAD_DIM)
-    f32 = dict(dtype=torch.float32, device=k.device)
-    sums, amax = torch.zeros(shape, **f32), torch.zeros(shape, **f32)
-    for i, (a, b) in enumerate(zip(s.local_cu, s.local_cu[1:])):
-        if b > a:
-            sums[i] = k[a:b].float().sum(dim=0)
-            amax[i] = v[a:b].float().abs().amax(dim=0)
+    """(k_mean, v_amax, k_block_scales): each segment's key mean and amax |v| (f32 [segments,
+    heads, 128]) and each 128-key block's K scale RN(amax |k - mean| / 448) (f32 [blocks, heads],
+    the blocks of every whole segment from its start, numbered segment after segment) over all of
+    its tokens on every rank. Each rank reduces its own keys (local_sums, local_block_scales: the
+    GPU passes on CUDA tensors); segments inside one rank need no message, for the others one SUM
+    all-reduce gives the means, then one MAX all-reduce the maxima (the scale is monotonic in the
+    amax: the maximum of the ranks' scales is the whole block's)."""
+    sums, amax = local_sums(k, v, s)
     crossing = s.crossing
     talk = bool(crossing)  # a world of one has none
     if talk:
@@ -87,18 +96,9 @@ def segment_statistics(k, v, s):
         part = sums[idx].contiguous()
         dist.all_reduce(part, op=dist.ReduceOp.SUM, group=s.group)
         sums[idx] = part
-    lengths = torch.tensor([max(b - a, 1) for a, b in zip(s.cu, s.cu[1:])], **f32)
-    k_mean = sums / lengths[:, None, None]
+    k_mean = segment_means(sums, s.cu)
+    blocks = placed_block_scales(k, s, k_mean)
     bases = layout.block_bases(s.cu)
-    blocks = torch.zeros((bases[-1], s.heads), **f32)
-    first = s.starts[s.rank]
-    for i, (a, b) in enumerate(zip(s.local_cu, s.local_cu[1:])):
-        if b > a:
-            centred = (k[a:b].float() - k_mean[i][None]).abs().amax(dim=2)  # [n, heads]
-            into = first + a - s.cu[i]  # this rank's first key of the segment, counted from its start
-            part = block_maxima(centred, into % K_BLOCK)
-            lo = bases[i] + into // K_BLOCK
-            blocks[lo:lo + part.shape[0]] = part  # each rank holds one contiguous run of a segment's blocks
     if talk:
         rows = [r for i in crossing for r in range(bases[i], bases[i + 1])]
         ridx = torch.tensor(rows, device=k.device)
@@ -108,6 +108,61 @@ def segment_statistics(k, v, s):
         amax[idx] = both[:n].view(len(crossing), s.heads, HEAD_DIM)
         blocks[ridx] = both[n:].view(len(rows), s.heads)
     return k_mean, amax, blocks
+
+
+def segment_means(sums, cu):
+    """The key means from the whole segments' key sums (f32 [segments, heads, 128])."""
+    lengths = torch.tensor([max(b - a, 1) for a, b in zip(cu, cu[1:])], dtype=torch.float32, device=sums.device)
+    return sums / lengths[:, None, None]
+
+
+def placed_block_scales(k, s, k_mean):
+    """f32 [blocks of the whole segments, heads]: the K scale of this rank's part of each 128-key
+    block in the rows of its blocks (local_block_scales), zeros in the others' (a zero changes no
+    maximum of values >= 0)."""
+    bases = layout.block_bases(s.cu)
+    blocks = torch.zeros((bases[-1], s.heads), dtype=torch.float32, device=k.device)
+    firsts = local_firsts(s)
+    rows = [bases[i] + f // K_BLOCK + j for i, (a, b, f) in enumerate(zip(s.local_cu, s.local_cu[1:], firsts))
+            for j in range(-(-(f % K_BLOCK + b - a) // K_BLOCK) if b > a else 0)]
+    if rows:  # each rank holds one contiguous run of a segment's blocks
+        blocks[torch.tensor(rows, device=k.device)] = local_block_scales(k, s, k_mean, firsts)
+    return blocks
+
+
+def local_firsts(s):
+    """Where this rank's keys of each segment start in the whole segment (0 where it has none)."""
+    first = s.starts[s.rank]
+    return tuple(max(first + a - c, 0) for a, c in zip(s.local_cu[:-1], s.cu))
+
+
+def local_sums(k, v, s):
+    """This rank's keys of each segment added, and their amax |v| (f32 [segments, heads, 128]):
+    the GPU pass on CUDA tensors, torch's sums elsewhere."""
+    if k.is_cuda:
+        from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_segment_sums
+
+        return minimax_h3_varlen_attention_fp8_segment_sums(k, v, s.local_cu)
+    shape = (len(s.cu) - 1, s.heads, HEAD_DIM)
+    sums, amax = torch.zeros(shape, dtype=torch.float32), torch.zeros(shape, dtype=torch.float32)
+    for i, (a, b) in enumerate(zip(s.local_cu, s.local_cu[1:])):
+        if b > a:
+            sums[i] = k[a:b].float().sum(dim=0)
+            amax[i] = v[a:b].float().abs().amax(dim=0)
+    return sums.to(k.device), amax.to(k.device)
+
+
+def local_block_scales(k, s, k_mean, firsts):
+    """RN(amax |k - k_mean| / 448) of this rank's part of each whole-segment 128-key block (f32
+    [blocks, heads], segment after segment): the K pass on CUDA tensors, torch elsewhere."""
+    if k.is_cuda:
+        from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_key_block_scales
+
+        return minimax_h3_varlen_attention_fp8_key_block_scales(k, s.local_cu, k_mean.contiguous(), firsts)
+    parts = [block_maxima((k[a:b].float() - k_mean[i][None]).abs().amax(dim=2), f % K_BLOCK)
+             for i, (a, b, f) in enumerate(zip(s.local_cu, s.local_cu[1:], firsts)) if b > a]
+    amax = torch.cat(parts) if parts else torch.zeros((0, s.heads), dtype=torch.float32, device=k.device)
+    return div(amax, E4M3_MAX)
 
 
 def block_maxima(centred, offset):
@@ -122,9 +177,23 @@ def block_maxima(centred, offset):
     return grid.view(count, K_BLOCK, heads).amax(dim=1)
 
 
-def key_scales(s, block_amax, src):
-    """The K scale of each key of rank src's block, f32 [n_src, heads]: RN(amax / 448) of the
-    whole segment's 128-key block it lies in, as the single-device attention quantizes it."""
+def key_pieces(s, src, cu_k):
+    """Rank src's keys as (first row, end row, cu_seqlens of the rows) pieces whose 128-key blocks,
+    counted from each segment's first key in the piece, are blocks of the whole segment's grid,
+    as a partial's K scale blocks are counted. Only a rank's first segment can start inside a
+    whole-segment block (a rank holds one contiguous token range): its keys up to the next block
+    boundary then make a piece of their own, the rest another."""
+    first, n = s.starts[src], s.counts[src]
+    seg = next(i for i, (a, b) in enumerate(zip(s.cu, s.cu[1:])) if a <= first < b)
+    head = -(first - s.cu[seg]) % K_BLOCK  # keys to the segment's next block boundary
+    if head == 0 or head >= n:
+        return ((0, n, cu_k),)
+    return ((0, head, tuple(min(c, head) for c in cu_k)), (head, n, tuple(max(c - head, 0) for c in cu_k)))
+
+
+def key_scales(s, block_scales, src):
+    """The K scale of each key of rank src's block, f32 [n_src, heads]: that of the whole
+    segment's 128-key block it lies in, as the single-device attention quantizes it."""
     bases = layout.block_bases(s.cu)
     first, n = s.starts[src], s.counts[src]
     ids = torch.empty(n, dtype=torch.int64)
@@ -132,5 +201,4 @@ def key_scales(s, block_amax, src):
         lo, hi = max(a, first), min(b, first + n)
         if hi > lo:
             ids[lo - first:hi - first] = bases[i] + (torch.arange(lo, hi) - a) // K_BLOCK
-    amax = block_amax[ids.to(block_amax.device)]
-    return amax / torch.full_like(amax, E4M3_MAX)
+    return block_scales[ids.to(block_scales.device)]

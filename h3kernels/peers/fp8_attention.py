@@ -7,7 +7,12 @@ per channel, which is what our contract adds (docs/spec.md).
 
 Every function returns a callable that runs the peer on the prepared operands, or raises
 PeerUnavailable saying why it cannot run here (not installed, a shape it does not take).
+prepared() goes through PEERS for the benches (bench/bench_attention.py, `python -m h3kernels
+bench`) and the accuracy figures (h3kernels.peers.fp8_accuracy), so that all of them prepare
+and skip a peer the same way; values() reads a peer's output as numbers.
 """
+import math
+
 import torch
 
 from h3kernels.constants import E4M3_MAX
@@ -69,8 +74,9 @@ def fa3_fp8(q, k, v, cu_host, softmax_scale):
 
 def cudnn_fp8(q, k, v, cu_host, softmax_scale):
     """cuDNN's FP8 SDPA on a batch of equal-length segments, one scale per tensor (untimed
-    quantization); on Hopper its output is e4m3 (scale 1): returns a callable giving that e4m3 out
-    as a [tokens, heads, 128] view (the caller converts it where it compares values)."""
+    quantization); on Hopper its output is e4m3, written as out * out_scale: returns a callable
+    giving those e4m3 codes as a [tokens, heads, 128] view, with the scale as its `out_scale`
+    (values() divides by it where values are compared)."""
     lens = {b - a for a, b in zip(cu_host, cu_host[1:])}
     if len(lens) != 1:
         raise PeerUnavailable("cuDNN FP8 SDPA: segments of one length only (per-tensor scales, a batch)")
@@ -88,6 +94,12 @@ def cudnn_fp8(q, k, v, cu_host, softmax_scale):
         scales[name] = torch.where(amax > 0, div(amax, E4M3_MAX), torch.ones_like(amax))
         ops[name] = e4m3(t.float() / scales[name].reshape(())).view(batch, length, heads, d)
     one = torch.ones((1, 1, 1, 1), **f32)
+    # |out| <= amax |v| (each output row is a convex combination of V's rows), so this scale fills
+    # e4m3's range without overflow; scale 1 would leave the outputs of unit-variance V over
+    # thousands of keys (a few hundredths) among e4m3's subnormals, adding error of its own
+    v_amax = float(v.float().abs().amax())
+    scale_o = torch.full((1, 1, 1, 1), E4M3_MAX / v_amax if v_amax > 0 else 1.0, **f32)
+    out_scale = scale_o.item()  # the f32 value the graph multiplies by
     out = torch.empty((batch, length, heads, d), dtype=torch.float8_e4m3fn, device=q.device)
     amax_s, amax_o = torch.empty((1, 1, 1, 1), **f32), torch.empty((1, 1, 1, 1), **f32)
     handle = cudnn.create_handle()
@@ -112,15 +124,49 @@ def cudnn_fp8(q, k, v, cu_host, softmax_scale):
     graph.build_plans()
     workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
     pack = {tq: bhsd(ops["q"]), tk: bhsd(ops["k"]), tv: bhsd(ops["v"]), td["q"]: scales["q"], td["k"]: scales["k"],
-            td["v"]: scales["v"], t_ds: one, t_ss: one, t_so: one, o: bhsd(out), t_amax_s: amax_s, t_amax_o: amax_o}
+            td["v"]: scales["v"], t_ds: one, t_ss: one, t_so: scale_o, o: bhsd(out), t_amax_s: amax_s,
+            t_amax_o: amax_o}
 
     def run():
         graph.execute(pack, workspace, handle=handle)
-        return out.view(-1, heads, d)  # e4m3; the caller converts where it compares values
+        return out.view(-1, heads, d)  # e4m3 codes of out * out_scale: values() reads them
 
+    run.out_scale = out_scale
     return run
+
+
+def values(run, out):
+    """What a peer's callable `run` returned, as float32 values: cuDNN's e4m3 codes divided by the
+    scale they were written with (run.out_scale), the bf16 outputs as they are."""
+    return out.float() / getattr(run, "out_scale", 1.0)
 
 
 # (key, label, make, fp8: operands quantized beforehand, the kernel alone timed)
 PEERS = (("fa3", "FA3 bf16", fa3_bf16, False), ("fa3_fp8", "FA3 FP8 kernel", fa3_fp8, True),
          ("cudnn_fp8", "cuDNN FP8 kernel", cudnn_fp8, True))
+
+
+def prepared(q, k, v, cu_host, softmax_scale=None, fp8_only=False):
+    """Yields (key, label, fp8, run, error) for each peer of PEERS in turn (only the FP8 ones with
+    fp8_only): run the callable of one prepared on q, k, v, error None; or run None and the
+    exception that stopped its preparation (PeerUnavailable: it cannot run here). One at a time,
+    so that a caller that drops each run before the next holds one peer's operands at once."""
+    scale = 1 / math.sqrt(q.shape[2]) if softmax_scale is None else softmax_scale
+    for key, label, make, fp8 in PEERS:
+        if fp8_only and not fp8:
+            continue
+        try:
+            run = make(q, k, v, cu_host, scale)
+        except Exception as err:  # a peer's failure is its row's, never the bench's
+            yield key, label, fp8, None, err
+            continue
+        yield key, label, fp8, run, None
+        del run
+
+
+def reason(err):
+    """The text a bench records for a peer that did not run: PeerUnavailable's own sentence, else
+    the exception's type and message (on one line, at most 300 characters)."""
+    text = str(err) if isinstance(err, PeerUnavailable) else f"{type(err).__name__}: {err}"
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:300] + " ..."

@@ -13,13 +13,20 @@ as uint8 and reduce through shared memory, so they run unchanged in the CUDA sim
 
 V is written transposed for the attention kernel's PV product, as v8t [heads, 128, n * 128]
 (n = key blocks, numbered by varlen_attention_fp8_plan.key_blocks): channel rows with keys
-contiguous, so the kernel loads it with cp.async as a K-major B operand. Key block b (segment seg, first key f, `count` keys)
-fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte aligned at column
-128 * block_offset[seg], and the columns past its last key are zero, so the kernel's key blocks
-read finite bytes that meet P = 0. Inside every 16-key group the keys are permuted
-(v_key_at): the kernel packs P into the PV mma's A fragment straight from its S accumulators,
-which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
+contiguous, so the kernel loads it with cp.async as a K-major B operand. Key block b (segment
+seg, first key f, `count` keys) fills columns 128 * b .. 128 * b + 127: a segment starts 16-byte
+aligned at column 128 * block_offset[seg], and the columns past its last key are zero, so the
+kernel's key blocks read finite bytes that meet P = 0. Inside every 16-key group the keys are
+permuted (v_key_at): the kernel packs P into the PV mma's A fragment straight from its S
+accumulators, which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
 cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
+
+Where other ranks hold keys of the same segments (ring sequence parallelism), their statistics
+combine between the passes: kv_segment_sums_kernel gives each segment's undivided key sums and
+amax |v|, k_quant_kernel on blocks cut on the whole segment's 128-key grid each block's s_k over
+the rank's keys (RN(amax / 448) is monotonic in the amax: the maximum over the ranks' scales is
+the whole block's), and k_quant_given_kernel quantizes K with the combined scales
+(segment_sum_passes, kv_quant_passes' K pass, k_given_scale_passes).
 """
 import threading
 
@@ -165,17 +172,14 @@ def _build():
             partials[out], partials[out + uint64(1)] = r0, r1
             partials[out + uint64(2)], partials[out + uint64(3)] = r2, r3
 
-    @cuda.jit
-    def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
-        """mu = RN(the segment's block sums added in block order / L) and s_v = RN(amax / 448),
-        f32 [segments, heads, 128] each. Grid (segments, heads), SEG_THREADS threads: thread t
-        reads plane t // 128 of the partials (0: K sums, 1: V amaxes) for channel t % 128."""
-        seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
+    @device_function
+    def segment_reduce(block_offset, partials, part, seg, h, t):
+        """(plane, channel c, the reduction): thread t of a segment kernel's CTA (seg, h) reduces
+        plane t // 128 of the segment's block partials (0: the K sums added in block order, 1: the
+        V amaxes' maximum) for channel t % 128. part: f32 [SEG_BATCH] scratch."""
         plane, c = t // uint64(HEAD_DIM), t % uint64(HEAD_DIM)
-        a, b = cu[seg], cu[seg + uint64(1)]
-        acc = float32(0.0)
         b0, b1 = uint64(block_offset[seg]), uint64(block_offset[seg + uint64(1)])
-        part = cuda.local.array(SEG_BATCH, float32)
+        acc = float32(0.0)
         for j0 in range(b0, b1, uint64(SEG_BATCH)):  # a long segment has many blocks: loads in flight
             for i in range(SEG_BATCH):
                 part[i] = float32(0.0)
@@ -188,13 +192,39 @@ def _build():
             else:
                 for i in range(SEG_BATCH):
                     acc = mx(acc, part[i])
+        return plane, c, acc
+
+    @cuda.jit
+    def kv_segment_kernel(cu, block_offset, partials, mu, s_v):
+        """mu = RN(the segment's block sums added in block order / L) and s_v = RN(amax / 448),
+        f32 [segments, heads, 128] each. Grid (segments, heads), SEG_THREADS threads: thread t
+        takes plane t // 128 of the partials (0: K sums, 1: V amaxes) for channel t % 128."""
+        seg, h = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y)
+        plane, c, acc = segment_reduce(block_offset, partials, cuda.local.array(SEG_BATCH, float32), seg, h,
+                                       uint64(cuda.threadIdx.x))
         if plane == uint64(0):
+            a, b = cu[seg], cu[seg + uint64(1)]
             mean = float32(0.0)
             if b > a:
                 mean = div_rn(acc, float32(b - a))
             mu[seg, h, c] = mean
         else:
             s_v[seg, h, c] = div_rn(acc, float32(E4M3_MAX))
+
+    @cuda.jit
+    def kv_segment_sums_kernel(block_offset, partials, sums, v_amax):
+        """kv_segment_kernel's reductions undivided, for keys a segment shares with other ranks,
+        whose sums and amaxes those ranks combine before the mean and the scale: sums = the
+        segment's block sums of k added in block order, v_amax = amax |v| over its keys, f32
+        [segments, heads, 128] each (zeros for a segment without blocks). Grid and threads as
+        kv_segment_kernel's."""
+        seg, h = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y)
+        plane, c, acc = segment_reduce(block_offset, partials, cuda.local.array(SEG_BATCH, float32), seg, h,
+                                       uint64(cuda.threadIdx.x))
+        if plane == uint64(0):
+            sums[seg, h, c] = acc
+        else:
+            v_amax[seg, h, c] = acc
 
     @device_function
     def block_coords(blocks, heads, t, bid):
@@ -217,49 +247,87 @@ def _build():
             if w + uint64(QUANT_WARPS * i) < count:
                 quads[i] = src[at + uint64(i) * step]
 
-    @cuda.jit
-    def k_quant_kernel(k, mu, blocks, k8, s_k, heads):
-        """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
-        int64 [n, 3] (segment, first key, keys); k8: uint32 [tokens * heads * 32] (e4m3 quads);
-        s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys w, w + 8,
-        ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
-        t = uint64(cuda.threadIdx.x)
-        red = cuda.shared.array(RED_SIZE, float32)
-        kq = cuda.local.array(KEYS_PER_WARP, uint64)
-        w, h, blk, count, step, at, mi = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
+    @device_function
+    def k_block(k, mu, blocks, heads, t, bid, kq):
+        """Thread t's part of K quantizer CTA bid's block, its keys loaded into kq: (warp w, the
+        block's s_k index, keys, step and at as block_coords's, the four channels' means)."""
+        w, h, blk, count, step, at, mi = block_coords(blocks, heads, t, bid)
         m0, m1, m2, m3 = mu[mi], mu[mi + uint64(1)], mu[mi + uint64(2)], mu[mi + uint64(3)]
         load_keys(k, kq, at, step, w, count)
+        return w, blk * heads + h, count, step, at, m0, m1, m2, m3
+
+    @device_function
+    def centred(quad, m0, m1, m2, m3):
+        """k' = RN(k - mu) of a quad's four channels."""
+        k0, k1 = word(quad, 0), word(quad, 1)
+        return float32(lo(k0) - m0), float32(hi(k0) - m1), float32(lo(k1) - m2), float32(hi(k1) - m3)
+
+    @device_function
+    def thread_amax(red, kq, t, w, count, m0, m1, m2, m3):
+        """Step one of the block's amax |k'|: red[t] = the thread's amax over its keys. Then, each
+        after a barrier, group_max and groups_max."""
         amax = float32(0.0)
         for i in range(KEYS_PER_WARP):
             if w + uint64(QUANT_WARPS * i) < count:
-                k0, k1 = word(kq[i], 0), word(kq[i], 1)
-                amax = mx(mx(amax, mx(abs(float32(lo(k0) - m0)), abs(float32(hi(k0) - m1)))),
-                          mx(abs(float32(lo(k1) - m2)), abs(float32(hi(k1) - m3))))
-        # the block's amax in two barriers: RED_GROUPS threads take RED_WIDTH values each, then
-        # every thread those maxima (a max is the same in any order)
+                c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
+                amax = mx(mx(amax, mx(abs(c0), abs(c1))), mx(abs(c2), abs(c3)))
         red[t] = amax
-        cuda.syncthreads()
+
+    # the block's amax in two barriers: RED_GROUPS threads take RED_WIDTH values each, then every
+    # thread those maxima (a max is the same in any order)
+    @device_function
+    def group_max(red, t):
         if t < uint64(RED_GROUPS):
             m = red[t * uint64(RED_WIDTH)]
             for j in range(1, RED_WIDTH):
                 m = mx(m, red[t * uint64(RED_WIDTH) + uint64(j)])
             red[uint64(QUANT_THREADS) + t] = m
-        cuda.syncthreads()
+
+    @device_function
+    def groups_max(red):
         amax = red[uint64(QUANT_THREADS)]
         for j in range(1, RED_GROUPS):
             amax = mx(amax, red[uint64(QUANT_THREADS + j)])
-        s = div_rn(amax, float32(E4M3_MAX))
+        return amax
+
+    @device_function
+    def k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s):
+        """k8 at the warp's keys = e4m3(RN(k' / s)), zeros for a zero scale."""
         for i in range(KEYS_PER_WARP):
             if w + uint64(QUANT_WARPS * i) < count:
                 out = uint32(0)
                 if s > float32(0.0):  # k' is no bf16 value: exact divisions
-                    k0, k1 = word(kq[i], 0), word(kq[i], 1)
-                    c0, c1 = div_rn(float32(lo(k0) - m0), s), div_rn(float32(hi(k0) - m1), s)
-                    c2, c3 = div_rn(float32(lo(k1) - m2), s), div_rn(float32(hi(k1) - m3), s)
-                    out = uint32(e4m3x2(c0, c1) | (e4m3x2(c2, c3) << 16))
+                    c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
+                    out = uint32(e4m3x2(div_rn(c0, s), div_rn(c1, s)) | (e4m3x2(div_rn(c2, s), div_rn(c3, s)) << 16))
                 k8[at + uint64(i) * step] = out
+
+    @cuda.jit
+    def k_quant_kernel(k, mu, blocks, k8, s_k, heads):
+        """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
+        int64 [n, 3] (segment, first key, keys); k8: uint32 [tokens * heads * 32] (e4m3 quads);
+        s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys
+        w, w + 8, ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
+        t = uint64(cuda.threadIdx.x)
+        red = cuda.shared.array(RED_SIZE, float32)
+        kq = cuda.local.array(KEYS_PER_WARP, uint64)
+        w, sk, count, step, at, m0, m1, m2, m3 = k_block(k, mu, blocks, heads, t, uint64(cuda.blockIdx.x), kq)
+        thread_amax(red, kq, t, w, count, m0, m1, m2, m3)
+        cuda.syncthreads()
+        group_max(red, t)
+        cuda.syncthreads()
+        s = div_rn(groups_max(red), float32(E4M3_MAX))
+        k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s)
         if t == uint64(0):
-            s_k[blk * heads + h] = s
+            s_k[sk] = s
+
+    @cuda.jit
+    def k_quant_given_kernel(k, mu, blocks, k8, s_k, heads):
+        """k_quant_kernel's codes with the block's scale given in s_k (read, not written): that of
+        the whole segment's 128-key block, whose keys may lie partly on other ranks."""
+        t = uint64(cuda.threadIdx.x)
+        kq = cuda.local.array(KEYS_PER_WARP, uint64)
+        w, sk, count, step, at, m0, m1, m2, m3 = k_block(k, mu, blocks, heads, t, uint64(cuda.blockIdx.x), kq)
+        k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s_k[sk])
 
     @cuda.jit
     def v_quant_kernel(v, s_v, blocks, v8t, heads, n):
@@ -306,7 +374,10 @@ def _build():
                          | (((x2 >> sh) & uint32(0xFF)) << uint32(16)) | (((x3 >> sh) & uint32(0xFF)) << uint32(24)))
                 v8t[at + (uint64(4) * g + uint64(j)) * row_words] = codes
 
-    return q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel
+    # the first five in launch order (numba_ptx indexes them), then the passes of keys shared
+    # with other ranks
+    return (q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel, kv_segment_sums_kernel,
+            k_quant_given_kernel)
 
 
 def kernels():
@@ -337,6 +408,49 @@ def v_transposed(v8, cu_seqlens_host):
     return out
 
 
+_NAMES = ("q_kernel", "kv_block_kernel", "kv_segment_kernel", "k_quant_kernel", "v_quant_kernel",
+          "kv_segment_sums_kernel", "k_quant_given_kernel")  # kernels()' order
+
+
+class _Passes(list):
+    """(kernel name, thunk) pairs, each launch configured and its array views made once."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def add(self, name, grid, block, *args):
+        kernel = kernels()[_NAMES.index(name)]
+        configured = kernel[(grid, block) if self.stream is None else (grid, block, self.stream)]
+        self.append((name, lambda: configured(*args)))
+
+    def kv_block(self, k, v, blocks, partials):
+        n, heads = blocks.shape[0], k.shape[1]
+        if n:
+            self.add("kv_block_kernel", -(-n // KV_WARPS) * heads, KV_BLOCK_THREADS, _quads(k), _quads(v), blocks,
+                     _flat(partials), np.uint64(heads), np.uint64(n))
+
+    def v_quant(self, v, s_v, blocks, v8t):
+        n, heads = blocks.shape[0], v.shape[1]
+        if n:
+            self.add("v_quant_kernel", n * heads, QUANT_THREADS, _quads(v), _flat(s_v), blocks, _words(v8t),
+                     np.uint64(heads), np.uint64(n))
+
+
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def _quads(a):
+    """bf16 (uint16) [tokens, heads, 128] as its quads."""
+    return _flat(a).view(np.uint64)
+
+
+def _words(a):
+    """e4m3 (uint8) codes as 4-byte words."""
+    return _flat(a).view(np.uint32)
+
+
 def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
     """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int32 or int64 [segments + 1];
     blocks: from key_blocks; block_offset: int [segments + 1], each segment's first block (the
@@ -351,27 +465,51 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     array views made once: bench/bench_attention.py times each one."""
     tokens, heads, _ = q.shape
     segments = cu.shape[0] - 1
-    qk, kv_block, kv_segment, kq, vq = kernels()
-    out = []
-
-    def add(name, kernel, grid, block, *args):
-        configured = kernel[(grid, block) if stream is None else (grid, block, stream)]
-        out.append((name, lambda: configured(*args)))
-
     rows = tokens * heads
-    quads = lambda a: a.reshape(rows * HEAD_DIM).view(np.uint64)  # bf16 [tokens, heads, 128] -> quads
-    words = lambda a: a.reshape(a.size).view(np.uint32)
-    flat = lambda a: a.reshape(a.size)
-    n = blocks.shape[0]
-    h64, n64 = np.uint64(heads), np.uint64(n)
+    out = _Passes(stream)
     if tokens:
-        add("q_kernel", qk, -(-rows // Q_ROWS_PER_CTA), Q_THREADS, quads(q), words(q8), flat(s_q), np.uint64(rows))
-    if n:
-        add("kv_block_kernel", kv_block, -(-n // KV_WARPS) * heads, KV_BLOCK_THREADS, quads(k), quads(v), blocks,
-            flat(partials), h64, n64)
+        out.add("q_kernel", -(-rows // Q_ROWS_PER_CTA), Q_THREADS, _quads(q), _words(q8), _flat(s_q), np.uint64(rows))
+    out.kv_block(k, v, blocks, partials)
     if segments and tokens:
-        add("kv_segment_kernel", kv_segment, (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
+        out.add("kv_segment_kernel", (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
+    return list(out) + kv_quant_passes(k, v, mu, s_v, blocks, k8, s_k, v8t, stream)
+
+
+def kv_quant_passes(k, v, mu, s_v, blocks, k8, s_k, v8t, stream=None):
+    """The K and V passes (k_quant_kernel, v_quant_kernel) with mu and s_v (f32 [segments, heads,
+    128]) given; arrays and return value as passes'."""
+    n, heads = blocks.shape[0], k.shape[1]
+    out = _Passes(stream)
     if n:
-        add("k_quant_kernel", kq, n * heads, QUANT_THREADS, quads(k), flat(mu), blocks, words(k8), flat(s_k), h64)
-        add("v_quant_kernel", vq, n * heads, QUANT_THREADS, quads(v), flat(s_v), blocks, words(v8t), h64, n64)
-    return out
+        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, _words(k8), _flat(s_k),
+                np.uint64(heads))
+    out.v_quant(v, s_v, blocks, v8t)
+    return list(out)
+
+
+# The passes of keys whose segments other ranks share, in three steps around the ranks' exchanges:
+# segment_sum_passes (then the ranks add the sums and take the max of v_amax: mu = RN(sum / L),
+# s_v = RN(amax / 448)), k_quant_kernel on blocks cut on the whole segments' 128-key grid (then the
+# max of each block's s_k over the ranks that hold its keys) and k_given_scale_passes. blocks:
+# int64 [n, 3]; k, v: uint16 [tokens, heads, 128]. Arrays and return values as passes'.
+
+def segment_sum_passes(k, v, blocks, block_offset, partials, sums, v_amax, stream=None):
+    """sums, v_amax: f32 [segments, heads, 128] (kv_segment_sums_kernel), with block_offset
+    int [segments + 1] numbering blocks; partials: f32 [2, n, heads, 128] scratch."""
+    segments = block_offset.shape[0] - 1
+    out = _Passes(stream)
+    out.kv_block(k, v, blocks, partials)
+    if segments:
+        out.add("kv_segment_sums_kernel", (segments, k.shape[1]), SEG_THREADS, block_offset, partials, sums, v_amax)
+    return list(out)
+
+
+def k_given_scale_passes(k, mu, blocks, k8, s_k, stream=None):
+    """k8 with each block's scale given in s_k (f32 [n, heads]: k_quant_given_kernel); mu: f32
+    [segments, heads, 128]."""
+    n, heads = blocks.shape[0], k.shape[1]
+    out = _Passes(stream)
+    if n:
+        out.add("k_quant_given_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, _words(k8),
+                _flat(s_k), np.uint64(heads))
+    return list(out)
