@@ -52,6 +52,8 @@ def error_cases(rank, world, seed):
     counts = (30, 20, 30)
     ql, kl, vl = (local(t, counts, rank) for t in (q, k, v))
     six = [t[:, :6].contiguous() for t in (ql, kl, vl)]
+    skewed = torch.empty(kl.numel() + 1, dtype=kl.dtype)[1:].view(kl.shape)  # contiguous, 2 bytes off
+    skewed.copy_(kl)
     calls = {
         "heads": lambda out: parallel.ulysses_attention(ql, kl, vl, cu, out=out),
         "devices": lambda out: parallel.ring_attention(ql, kl.to("meta"), vl, cu, out=out),
@@ -61,6 +63,7 @@ def error_cases(rank, world, seed):
         "return_lse": lambda out: parallel.ring_attention(ql, kl, vl, cu, out=out, return_lse=1),
         "local_attention": lambda out: parallel.ulysses_attention(*six, cu, local_attention="ref"),
         "partial_attention": lambda out: parallel.ring_attention(ql, kl, vl, cu, out=out, partial_attention=1),
+        "aligned": lambda out: parallel.ring_attention(ql, skewed, vl, cu, out=out),
     }
     res = {}
     for name, call in calls.items():
@@ -264,6 +267,7 @@ def test_bad_calls_raise_before_any_message_and_write_nothing(ranks):
                                          "softmax_scale, return_lse)"),
         "partial_attention": ("TypeError", "partial_attention: got int; need None or a callable (q, k, v, "
                                            "cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)"),
+        "aligned": ("ValueError", "k: got base address 0x"),
     }
     for rank, r in enumerate(results):
         errors = r["errors"]
@@ -319,18 +323,27 @@ def virtual_ring(q, k, v, cu, counts, attend):
 
 
 # (segment lengths, tokens per rank): boundaries on and off the 128-key grid, a rank inside one
-# block, an empty rank
+# block, an empty rank, a rank whose first segment ends before its next block boundary
 SPLITS = [([700, 300, 1000], (1000, 1000)), ([700, 300, 1000], (450, 1550)), ([2000], (700, 10, 1290)),
-          ([129, 1500, 371], (128, 999, 0, 873)), ([2000], (500, 500, 500, 500)), ([64, 1936], (100, 900, 1000))]
+          ([129, 1500, 371], (128, 999, 0, 873)), ([2000], (500, 500, 500, 500)), ([64, 1936], (100, 900, 1000)),
+          ([200, 300], (150, 350)), ([130, 500], (129, 501))]
+
+
+def block_scale_partial(q, k, v, cu_q, cu_k, softmax_scale, k_mean, v_amax, k_scale):
+    """The reference's partial with K scales read as the kernel reads them: each key takes the
+    scale at the first key of its 128-key block, counted from its segment's first key in k."""
+    at = [a + (j - a) // 128 * 128 for a, b in zip(cu_k, cu_k[1:]) for j in range(a, b)]
+    return parallel.local.reference_partial_attention(q, k, v, cu_q, cu_k, softmax_scale, k_mean, v_amax,
+                                                      k_scale[torch.tensor(at, dtype=torch.int64)])
 
 
 @pytest.mark.parametrize("seqlens,counts", SPLITS, ids=[f"{len(c)}ranks-{'-'.join(map(str, c))}" for _, c in SPLITS])
 def test_virtual_ring_quantizes_as_one_device(seqlens, counts, seed):
-    """The ring's steps on the CPU with the reference's partial: every split quantizes K and V
-    as one device does, so the merged lse is the single process's up to FP32 rounding and the
-    output as close to exact attention."""
+    """The ring's steps on the CPU with the reference's partial, K scales read per block as the
+    kernel reads them: every split quantizes K and V as one device does, so the merged lse is the
+    single process's up to FP32 rounding and the output as close to exact attention."""
     q, k, v, cu = inputs(seqlens, 2, seed)
-    out, lse = virtual_ring(q, k, v, cu, counts, parallel.local.reference_partial_attention)
+    out, lse = virtual_ring(q, k, v, cu, counts, block_scale_partial)
     want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
     assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max())
     assert rel_l2(out, want) <= 0.03

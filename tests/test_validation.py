@@ -523,6 +523,7 @@ PARTIAL_BAD = [
     ("v_scale", lambda a: a["v_scale"].cpu().numpy(), TypeError, "v_scale: got numpy.ndarray"),
     ("k_scale", lambda a: torch.ones(3, 2), ValueError, r"k_scale: got shape \(3, 2\); need shape \(2, 2\)"),
     ("k_scale", lambda a: torch.ones(2, 2, dtype=torch.float64), TypeError, "k_scale: got .*float64.*float32"),
+    ("k_mean", lambda a: None, TypeError, "k_mean: got None; need"),
 ]
 
 
@@ -536,6 +537,8 @@ def test_partial_attention_bad_call_raises_before_any_work(name, make, exc, msg)
 
 STATISTICS_BAD = [
     ("segment_sums", dict(v=lambda a: a["v"][:5]), ValueError, r"v: got shape \(5, 2, 128\); need k's shape"),
+    ("segment_sums", dict(v=lambda a: None), TypeError, "v: got None; need"),
+    ("key_block_scales", dict(k_mean=lambda a: None), TypeError, "k_mean: got None; need"),
     ("segment_sums", dict(cu_seqlens_k=lambda a: (0, 4, 5)), ValueError, "cu_seqlens_k: got last entry 5"),
     ("key_block_scales", dict(k_first=lambda a: (0,)), ValueError, "k_first: got 1 entries; need 2, one per segment"),
     ("key_block_scales", dict(k_first=lambda a: (0, -1)), ValueError, "k_first: got entry -1; need entries >= 0"),

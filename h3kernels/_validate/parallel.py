@@ -16,9 +16,12 @@ BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
 
 def local_arrays(q, k, v_, out):
     """Local q, k, v (and out when given): bf16 torch tensors [tokens, heads >= 1, 128] of one
-    shape, contiguous, on one device. Returns (tokens, heads)."""
+    shape, contiguous, 8-byte aligned (the quantization passes read bf16 quads; checked here, before
+    any message, so that no rank stops alone), on one device. Returns (tokens, heads)."""
     v.arrays(v.TORCH_TENSORS, dict(q=q, k=k, v=v_), dict(out=out))
     attention.qkv(q, k, v_)
+    for name, a in (("q", q), ("k", k), ("v", v_)):
+        v.aligned(name, a, 8)
     if out is not None:
         v.array("out", out, adapter.BF16, tuple(q.shape))
     v.one_device(dict(q=q, k=k, v=v_, out=out))

@@ -149,7 +149,7 @@ def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, k_
     to its tokens; k_mean and v_scale f32 [segments, heads, 128], contiguous; k_scale None or f32
     [key blocks of cu_seqlens_k, heads], contiguous. Devices are the caller's to check. Returns (q
     tokens, k tokens, heads, cu_q, cu_k) with the boundaries as tuples."""
-    read = _reader(q=q, k=k, v=v_, k_mean=k_mean, v_scale=v_scale, k_scale=k_scale)
+    read = _reader(dict(q=q, k=k, v=v_, k_mean=k_mean, v_scale=v_scale), dict(k_scale=k_scale))
     tokens_q, heads = _bf16_rows(read, q=q)
     tokens_k, _ = _keys(read, k, v_, heads, "q's")
     cu_q = _host_bounds("cu_seqlens_q", cu_seqlens_q, tokens_q, "q.shape[0]")
@@ -166,7 +166,7 @@ def check_partial_args(q, k, v_, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, k_
 def check_segment_sums_args(k, v_, cu_seqlens_k):
     """minimax_h3_varlen_attention_fp8_segment_sums' arguments: k and v as the partial attention's,
     cu_seqlens_k host boundaries to k's tokens. Returns (heads, cu_k)."""
-    read = _reader(k=k, v=v_)
+    read = _reader(dict(k=k, v=v_))
     tokens, heads = _keys(read, k, v_, None, None)
     return heads, _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens, "k.shape[0]")
 
@@ -175,7 +175,7 @@ def check_key_block_scales_args(k, cu_seqlens_k, k_mean, k_first):
     """minimax_h3_varlen_attention_fp8_key_block_scales' arguments: k as the partial attention's,
     cu_seqlens_k host boundaries to its tokens, k_mean f32 [segments, heads, 128], k_first host
     ints >= 0, one per segment. Returns (heads, cu_k, k_first as a tuple)."""
-    read = _reader(k=k, k_mean=k_mean)
+    read = _reader(dict(k=k, k_mean=k_mean))
     tokens, heads = _bf16_rows(read, k=k)
     cu_k = _host_bounds("cu_seqlens_k", cu_seqlens_k, tokens, "k.shape[0]")
     _segment_planes(read, heads, len(cu_k) - 1, k_mean=k_mean)
@@ -187,9 +187,10 @@ def check_key_block_scales_args(k, cu_seqlens_k, k_mean, k_first):
     return heads, cu_k, firsts
 
 
-def _reader(**named):
-    """The facts reader of the given arrays (None entries left out), all of one accepted kind."""
-    return v.reader(v.arrays(v.GPU_ARRAYS, {n: a for n, a in named.items() if a is not None}))
+def _reader(required, optional=None):
+    """The facts reader of the given arrays ({name: array}; optional ones may be None), all of
+    one accepted kind."""
+    return v.reader(v.arrays(v.GPU_ARRAYS, required, optional))
 
 
 def _bf16_rows(read, **named):

@@ -182,11 +182,12 @@ def key_pieces(s, src, cu_k):
     counted from each segment's first key in the piece, are blocks of the whole segment's grid,
     as a partial's K scale blocks are counted. Only a rank's first segment can start inside a
     whole-segment block (a rank holds one contiguous token range): its keys up to the next block
-    boundary then make a piece of their own, the rest another."""
+    boundary then make a piece of their own, the rest (the later segments from their own first
+    keys) another; where that segment's keys here end before the boundary, one piece is all."""
     first, n = s.starts[src], s.counts[src]
     seg = next(i for i, (a, b) in enumerate(zip(s.cu, s.cu[1:])) if a <= first < b)
     head = -(first - s.cu[seg]) % K_BLOCK  # keys to the segment's next block boundary
-    if head == 0 or head >= n:
+    if head == 0 or head >= cu_k[seg + 1]:  # cu_k[seg] is 0: the segment's keys here come first
         return ((0, n, cu_k),)
     return ((0, head, tuple(min(c, head) for c in cu_k)), (head, n, tuple(max(c - head, 0) for c in cu_k)))
 
