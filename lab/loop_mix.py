@@ -110,14 +110,20 @@ def report(name, code, labels):
         print(f"    {cls:<10} {n:6d}  {n / ex2:6.3f} per EX2")
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def source_parsers(p):
+    """The `ours [--defines ...]` and `cubin FILE --function ...` subcommands on parser p: (ours, cubin)."""
     sub = p.add_subparsers(dest="what", required=True)
     o = sub.add_parser("ours")
     o.add_argument("--defines", nargs="*", default=[])
     c = sub.add_parser("cubin")
     c.add_argument("file")
     c.add_argument("--function", action="append", required=True)
+    return o, c
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source_parsers(p)
     a = p.parse_args()
     if a.what == "ours":
         from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
