@@ -6,7 +6,12 @@
 #                                     .before/), in alternating processes
 #   bash lab/gpu_acceptance.sh tests [1|2|3]   the GPU test suite in three parts (one per call:
 #                                     a cold H200 takes about 8 minutes for all three)
-#   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info
+#   bash lab/gpu_acceptance.sh bench   python -m h3kernels bench --json, the check and info (with the FP8
+#                                     attention peers when their wheels are in .whl/)
+#   bash lab/gpu_acceptance.sh host    bench/host_time.py: host time per call, the GPU busy
+#   bash lab/gpu_acceptance.sh ring    the ring's GPU tests (virtual ranks, the partial with given K
+#                                     scales, the statistics passes), examples/sequence_parallel.py
+#                                     on one GPU at 1 x 16384 (ring, Ulysses), lab/ring_step_cost.py
 #   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
 # H3_AB_ROUNDS: rounds of the speed comparison (2); H3_AB_SASS=0 leaves the SASS out.
 # lab/device_env.sh installs wheels placed in .whl/ (a numpy that numba-cuda supports, on a
@@ -55,6 +60,19 @@ tests)
       2>&1 | tee "$OUT/pytest_part$i.log" | grep -E "passed|failed|FAILED|Error" | tail -15
   done
   ;;
+host)
+  new timeout 300 python3 bench/host_time.py --json "$OUT/host_time.json" 2>&1 | tee "$OUT/host_time.log" | tail -12
+  ;;
+ring)
+  new timeout 200 python3 -m pytest -q -rsx -s -p no:cacheprovider tests/test_parallel.py tests/test_varlen_attention_fp8.py \
+    -k "virtual_ring_on_the_gpu or kernel_partial or ring_statistics" 2>&1 | tee "$OUT/ring_tests.log" \
+    | grep -E "from one call|passed|failed|FAILED|Error" | tail -15
+  for mode in ring ulysses; do
+    new timeout 120 torchrun --nproc_per_node=1 examples/sequence_parallel.py --tokens 16384 --mode $mode --reps 5 2>&1 \
+      | tee "$OUT/sp_$mode.log" | tail -5
+  done
+  new timeout 150 python3 lab/ring_step_cost.py --json "$OUT/ring_step_cost.json" 2>&1 | tail -9
+  ;;
 pytest)
   shift
   new timeout 540 python3 -m pytest -q -rsx -o faulthandler_timeout=100 -p no:cacheprovider "$@" 2>&1 \
@@ -65,5 +83,5 @@ bench)
   new timeout 150 python3 -m h3kernels check --gpu --json "$OUT/check.json" > "$OUT/check.log" 2>&1; tail -8 "$OUT/check.log"
   new timeout 100 python3 -m h3kernels info --json "$OUT/info.json" 2>&1 | tail -4
   ;;
-*) echo "usage: bash lab/gpu_acceptance.sh ab|tests|bench|pytest ARGS..." >&2; exit 2 ;;
+*) echo "usage: bash lab/gpu_acceptance.sh ab|tests [PART]|bench|host|ring|pytest ARGS..." >&2; exit 2 ;;
 esac
