@@ -187,18 +187,21 @@ def grid_runs(seed_of):
     amax = np.stack([(k[first:first + count].float() - mu[seg]).abs().amax(dim=(0, 2)).numpy()
                      for seg, first, count in blocks])
     big_scales = R.div(torch.from_numpy(2 * amax), 448.0).numpy()
+    scales = host.quant_passes(Q.k_scale_passes, dict(inputs, s_k=np.full((n, heads), np.nan, np.float32)))["s_k"]
     given = host.quant_passes(Q.k_given_scale_passes, dict(inputs, k8=k8(), s_k=plain["s_k"].copy()))
     big = host.quant_passes(Q.k_given_scale_passes, dict(inputs, k8=k8(), s_k=big_scales.copy()))
-    return SimpleNamespace(k=k, v=v, cu=cu, blocks=blocks, mu=mu, plain=plain, amax=amax, given=given, big=big,
-                           big_scales=big_scales)
+    return SimpleNamespace(k=k, v=v, cu=cu, blocks=blocks, mu=mu, plain=plain, amax=amax, scales=scales, given=given,
+                           big=big, big_scales=big_scales)
 
 
 @pytest.mark.slow
 def test_grid_block_scales_and_given_scales(grid_runs):
     """The K pass on grid blocks: s_k = RN(amax |RN(k - mu)| / 448) per block and head, NaN kept,
-    bitwise as torch's; given those scales, k_quant_given_kernel writes k_quant_kernel's codes."""
+    bitwise as torch's, with codes or without (an empty k8); given those scales,
+    k_quant_given_kernel writes k_quant_kernel's codes."""
     g = grid_runs
     assert numba_check.same_scales(g.plain["s_k"], R.div(torch.from_numpy(g.amax), 448.0).numpy())
+    assert numba_check.same_scales(g.scales, g.plain["s_k"])  # an empty k8: the same scales, no codes
     assert np.isnan(g.plain["s_k"][0, 0]) and (g.plain["s_k"][3:6, 1] == 0).all()  # the NaN; head 1's constant keys
     assert numba_check.same_codes(g.given["k8"], g.plain["k8"])
 

@@ -43,8 +43,8 @@ def attention_passes(arrays):
 
 def quant_passes(passes, arrays):
     """Runs the passes that passes(**arrays) gives (a (name, thunk) list builder of
-    varlen_attention_fp8_quant: kv_quant_passes, segment_sum_passes, k_given_scale_passes) on
-    numpy arrays; returns them all after the run."""
+    varlen_attention_fp8_quant: kv_quant_passes, segment_sum_passes, k_scale_passes,
+    k_given_scale_passes) on numpy arrays; returns them all after the run."""
     return _on_runner(lambda **a: [run() for _, run in passes(**a)], arrays)
 
 

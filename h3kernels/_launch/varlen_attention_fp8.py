@@ -161,15 +161,15 @@ def _q_pass(add, rows, q, q8, s_q):
             (*vec(q, rows * 32, 8), *vec(q8, rows * 32, 4), *vec(s_q, rows, 4), rows))
 
 
-def _k_pass(add, tokens, heads, segments, n, k, mu, blocks, k8, s_k, k_scale_given=False):
+def _k_pass(add, tokens, heads, segments, n, k, mu, blocks, k8, s_k, k_scale_given=False, k8_words=None):
     """The K pass over the n key blocks of k (`tokens` tokens), centred on mu (f32 [segments,
     heads, 128] address), into k8 and s_k (addresses); with k_scale_given, s_k holds the K scales
-    already and the pass reads them."""
+    already and the pass reads them; k8_words 0: no codes, the scales alone."""
     if n:
         vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
         add("k_quant_given_kernel" if k_scale_given else "k_quant_kernel", (n * heads, 1), G.QUANT_THREADS,
-            (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n), *vec(k8, words, 4),
-             *vec(s_k, n * heads, 4), heads))
+            (*vec(k, words, 8), *vec(mu, segments * plane, 4), *_blocks_array(blocks, n),
+             *vec(k8, words if k8_words is None else k8_words, 4), *vec(s_k, n * heads, 4), heads))
 
 
 def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, v8t, k_scale_given=False):
@@ -314,13 +314,12 @@ def grid_block_count(cu_k, firsts):
 
 def run_key_block_scales(call, k, cu_k, firsts, heads, k_mean, s_k):
     """s_k (f32 [blocks, heads]) <- RN(amax |RN(k - k_mean)| / 448) over each block of
-    plan.grid_blocks(cu_k, firsts): the K pass on those blocks, its codes into scratch; on the
+    plan.grid_blocks(cu_k, firsts): the K pass on those blocks with no codes (an empty k8); on the
     call's stream, the call's device current."""
-    segments, words = len(cu_k) - 1, int(k.shape[0]) * heads * 32
+    segments, tokens = len(cu_k) - 1, int(k.shape[0])
     with _held_plan(call, ("grid", cu_k, firsts), lambda: plan.grid_blocks(cu_k, firsts)) as (_, blocks, n):
-        held = workspace.scratch(call, 4 * words)  # the codes, not kept: a ring step quantizes its keys itself
-        _k_pass(lambda *launch: _launch_passes(call, (launch,)), int(k.shape[0]), heads, segments, n, data_ptr(k),
-                data_ptr(k_mean), blocks, data_ptr(held), data_ptr(s_k))
+        _k_pass(lambda *launch: _launch_passes(call, (launch,)), tokens, heads, segments, n, data_ptr(k),
+                data_ptr(k_mean), blocks, 0, data_ptr(s_k), k8_words=0)
 
 
 @contextlib.contextmanager

@@ -23,8 +23,8 @@ cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 
 Where other ranks hold keys of the same segments (ring sequence parallelism), their statistics
 combine between the passes: kv_segment_sums_kernel gives each segment's undivided key sums and
-amax |v|, k_quant_kernel on blocks cut on the whole segment's 128-key grid each block's s_k over
-the rank's keys (RN(amax / 448) is monotonic in the amax: the maximum over the ranks' scales is
+amax |v|, k_quant_kernel (k8 empty: no codes) on blocks cut on the whole segment's 128-key grid
+each block's s_k over the rank's keys (RN(amax / 448) is monotonic in the amax: the maximum over the ranks' scales is
 the whole block's), and k_quant_given_kernel quantizes K with the combined scales
 (segment_sum_passes, kv_quant_passes' K pass, k_given_scale_passes).
 """
@@ -306,7 +306,8 @@ def _build():
         """k: uint64 [tokens * heads * 32] (bf16 quads); mu: f32 [segments * heads * 128]; blocks:
         int64 [n, 3] (segment, first key, keys); k8: uint32 [tokens * heads * 32] (e4m3 quads);
         s_k: f32 [n * heads]. CTA c: block c // heads, head c % heads; warp w holds keys
-        w, w + 8, ... of the block in registers (one read), lane l channels 4l .. 4l + 3."""
+        w, w + 8, ... of the block in registers (one read), lane l channels 4l .. 4l + 3. An empty
+        k8: the scales alone (the ring's statistics of blocks whose keys other ranks share)."""
         t = uint64(cuda.threadIdx.x)
         red = cuda.shared.array(RED_SIZE, float32)
         kq = cuda.local.array(KEYS_PER_WARP, uint64)
@@ -316,7 +317,8 @@ def _build():
         group_max(red, t)
         cuda.syncthreads()
         s = div_rn(groups_max(red), float32(E4M3_MAX))
-        k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s)
+        if k8.shape[0] > 0:
+            k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s)
         if t == uint64(0):
             s_k[sk] = s
 
@@ -473,6 +475,16 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     if segments and tokens:
         out.add("kv_segment_kernel", (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
     return list(out) + kv_quant_passes(k, v, mu, s_v, blocks, k8, s_k, v8t, stream)
+
+
+def k_scale_passes(k, mu, blocks, s_k, stream=None):
+    """s_k alone (k_quant_kernel with an empty k8); mu: f32 [segments, heads, 128]."""
+    n, heads = blocks.shape[0], k.shape[1]
+    out = _Passes(stream)
+    if n:
+        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, np.zeros(0, np.uint32),
+                _flat(s_k), np.uint64(heads))
+    return list(out)
 
 
 def kv_quant_passes(k, v, mu, s_v, blocks, k8, s_k, v8t, stream=None):
