@@ -95,6 +95,40 @@ def test_partial_launches_fill_every_kernels_parameters(fake_kernels, tokens_q, 
             assert launches[1][4][-4] == s_k  # the given scales' address (its Numba array's data field)
 
 
+@pytest.mark.parametrize("n", [0, 3])
+def test_ring_statistics_launches_fill_every_kernels_parameters(monkeypatch, n):
+    """The ring's statistics passes (run_segment_sums, run_key_block_scales): as many values as
+    each kernel has parameters, each fitting its type; the scales pass writes no codes."""
+    import contextlib
+    import struct
+    from types import SimpleNamespace
+
+    import torch
+
+    from h3kernels._runtime import workspace
+
+    launched = []
+    monkeypatch.setattr(launch_attention, "_held_plan",
+                        lambda call, key, make: contextlib.nullcontext((1 << 20, 2 << 20, n)))
+    monkeypatch.setattr(launch_attention, "_launch_passes", lambda call, passes: launched.extend(passes))
+    monkeypatch.setattr(workspace, "scratch", lambda call, nbytes: torch.zeros(nbytes // 4 + 1))
+    call = SimpleNamespace(zero=lambda address, count: launched.append(("memset", count)))
+    k = v = torch.zeros(300, 2, 128, dtype=torch.bfloat16)
+    stats = [torch.zeros(3, 2, 128) for _ in range(2)]
+    launch_attention.run_segment_sums(call, k, v, (0, 100, 100, 300), 2, *stats)
+    launch_attention.run_key_block_scales(call, k, (0, 100, 100, 300), (5, 0, 0), 2, stats[0], torch.zeros(n, 2))
+    if not n:  # no keys: zero sums and amaxes, and no pass
+        assert launched == [("memset", 3 * 2 * 128 * 4)] * 2
+        return
+    assert [p[0] for p in launched] == ["kv_block_kernel", "kv_segment_sums_kernel", "k_quant_kernel"]
+    for name, grid, threads, values in launched:
+        assert len(grid) == 2 and threads > 0
+        assert len(values) == len(numba_ptx.params(name)), name
+        struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)
+    k8 = launched[2][3][23:30]  # k_quant_kernel's k8 (after k, mu and blocks): empty, no codes
+    assert k8 == numba_ptx.vector(0, 0, 4)
+
+
 def test_scratch_layout_holds_only_what_the_caller_left_out():
     names = ("a_q", "a_scale", "y", "y_q", "y_scale", "flags")
     assert launch_mlp.scratch_layout(300, (), 0) == (0, {})  # every workspace given, no split
