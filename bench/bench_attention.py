@@ -407,7 +407,8 @@ def table(results, ceils, device, st):
     w = 16
     heads = results[0]["heads"] if results else H3_HEADS
     lines = [f"== minimax_h3_varlen_attention_fp8 on {device}, {heads} heads x 128: e4m3 ceilings "
-             + ceilings_text(ceils) + "; TFLOP/s from stream times; (x) = ours / peer ==",
+             + ceilings_text(ceils) + "; TFLOP/s from stream times; (x) = ours / peer (against an FP8 peer's "
+             "kernel alone: ours' kernel alone) ==",
              f"{'set':>18} {'family':>7} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'kern ms':>8} "
              f"{'kTF/s':>5} {'k%ceil':>6} {'quant%':>7} "
              f"{'relL2':>7} {'vs h3ref':>8} |" + "".join(f" {label:>{w}}" for _, label in PEERS)]
@@ -434,7 +435,8 @@ def table(results, ceils, device, st):
                 if "tflops" in p:
                     mark = ("*" if p.get("per_segment") else "") + (
                         "!" if key not in FP8_PEERS and p.get("rel_l2_vs_ref", 0) > PEER_OK_REL_L2 else "")
-                    cell = f"{p['tflops']:.0f}{mark}" + (f" ({tf / p['tflops']:.2f}x)" if ok else "")
+                    mine = o.get("kernel_tflops") if key in FP8_PEERS else tf  # like with like
+                    cell = f"{p['tflops']:.0f}{mark}" + (f" ({mine / p['tflops']:.2f}x)" if ok and mine else "")
                 else:
                     cell = "-" if p.get("absent") or not p else "failed"
                 line += f" {cell:>{w}}"
@@ -559,8 +561,9 @@ def summary(results, ceils):
                 if "host_ms" in o:
                     e[pre + "host_ms"] = round(o["host_ms"], 3)
                 for key, _ in PEERS:
-                    if key + "_tf" in e:
-                        e[pre + "x_" + key] = round(o["tflops"] / r[key]["tflops"], 3)
+                    mine = o.get("kernel_tflops") if key in FP8_PEERS else o["tflops"]  # like with like
+                    if key + "_tf" in e and mine:
+                        e[pre + "x_" + key] = round(mine / r[key]["tflops"], 3)
             elif "error" in o:
                 e[pre + "ours"] = "failed: " + o["error"][:120]
         if r.get("quant_bandwidth"):

@@ -97,7 +97,7 @@ def fp8_peer_table(rows, family, unavailable):
         note += (" \"best FP8\": the faster FP8 peer kernel of the row; \"ours kernel / best FP8\" is its time "
                  "over ours' kernel alone, \"ours call / best FP8\" over ours' whole call (above 1: ours is faster).")
     absent = [label for f, label in FP8_PEERS if f[:-3] in unavailable and (f, label) not in peers]
-    partly = [label for f, label in peers if f[:-3] in unavailable]
+    partly = [label for f, label in peers if any(f not in r for r in rows)]
     said = ([f"not run: {', '.join(absent)}"] if absent else []) + (
         [f"missing from some measurements: {', '.join(partly)}"] if partly else [])
     if said:

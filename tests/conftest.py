@@ -327,3 +327,13 @@ def stub_bench_device(monkeypatch):
     monkeypatch.setattr(targets, "board_form", lambda dev: 0)
     monkeypatch.setattr(bench, "ceiling_tflops", lambda dev, form, on_error: {0: 400.0, 3: 1600.0}[form])
     return bench
+
+
+# The reasons an FP8 attention peer may give for not running on a GPU machine: not installed (or
+# its library not found), or a documented shape it does not take. Anything else is a failure of
+# the peer's code, which a GPU test must not take for an absent peer.
+PEER_ABSENT_REASONS = ("not importable", "segments of one length only")
+
+
+def peer_reason_is_expected(reason):
+    return any(phrase in reason for phrase in PEER_ABSENT_REASONS)

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from conftest import peer_reason_is_expected
 import torch
 
 import h3kernels
@@ -181,4 +182,4 @@ def test_accuracy_figures_on_the_gpu():
         for field in ("rel_l2", "rel_l2_k_offset"):
             assert rows[("ours", form)][field] <= 1.1 * ref[field], (form, field, rows[("ours", form)], ref)
     for key in ("fa3_fp8", "cudnn_fp8"):
-        assert key in why or 0 < rows[(key, None)]["rel_l2"] < 0.2, (key, why)
+        assert (key in why and peer_reason_is_expected(why[key])) or 0 < rows[(key, None)]["rel_l2"] < 0.2, (key, why)
