@@ -107,7 +107,7 @@ def fp8_peer_table(rows, family, unavailable):
 
 
 def accuracy_table(acc, unavailable):
-    """The accuracy rows of the run (`accuracy`: h3kernels.peers.fp8_accuracy's figures): rel L2
+    """The accuracy rows of the run (`accuracy`: h3kernels.testing.fp8_accuracy's figures): rel L2
     against exact attention without and with the key offset; None where the run has none."""
     if not acc or "rows" not in acc:
         return None

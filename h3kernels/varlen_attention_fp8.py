@@ -69,8 +69,8 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     (f32 [key blocks, heads], the blocks of every segment of cu_seqlens_k numbered segment after
     segment: the whole segment's block scales where a block's keys lie partly elsewhere; a ring
     cuts its key shares on the whole segment's 128-key grid so that each block here is part of
-    one whole-segment block). q, k, v: bf16 [tokens, heads, 128] (k and v of one shape, q with its own tokens),
-    torch CUDA tensors or CuPy arrays; the boundaries: host sequences of ints.
+    one whole-segment block). q, k, v: bf16 [tokens, heads, 128] (k and v of one shape, q with
+    its own tokens), torch CUDA tensors or CuPy arrays; the boundaries: host sequences of ints.
 
     Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q tokens]) of the caller's kind:
     each row's attention over this share and the natural log-sum-exp of its true scores, what
@@ -80,10 +80,7 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                                       v_scale, k_scale)
     scale = checks.softmax_scale(softmax_scale)
     checks.fp8_mma_form(fp8_mma_form)
-    given = dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale)
-    if k_scale is not None:
-        given["k_scale"] = k_scale
-    call = arrays.Call(given)
+    call = arrays.Call(dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale, k_scale=k_scale))  # None: skipped
     form = targets.operator_form(call.device_id, fp8_mma_form)
     out = call.empty((tokens_q, heads, HEAD_DIM), arrays.BF16)
     lse = call.empty((heads, tokens_q), arrays.F32)

@@ -1,7 +1,7 @@
 """`python -m h3kernels bench`'s FP8 attention peers and accuracy figures on the CPU: the peers'
 shared preparation (h3kernels.peers.fp8_attention.prepared), the attention case and bench.run with
 the peers unable to run here (their modules refused, as on a machine without them) or stood in for
-by a CPU peer, and h3kernels.peers.fp8_accuracy at a small size. The timers, the device and our
+by a CPU peer, and h3kernels.testing.fp8_accuracy at a small size. The timers, the device and our
 operator are stubbed (the reference stands in for ours); the GPU runs what these leave out."""
 import json
 from types import SimpleNamespace
@@ -13,7 +13,8 @@ import torch
 import h3kernels
 from h3kernels import reference as R
 from h3kernels.cli import bench
-from h3kernels.peers import fp8_accuracy, fp8_attention
+from h3kernels.peers import fp8_attention
+from h3kernels.testing import fp8_accuracy
 from h3kernels.testing import inputs, timing
 
 ABSENT = {"fa3": "fa3-fwd", "fa3_fp8": "fa3-fwd", "cudnn_fp8": "nvidia-cudnn-frontend"}

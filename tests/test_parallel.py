@@ -329,21 +329,13 @@ SPLITS = [([700, 300, 1000], (1000, 1000)), ([700, 300, 1000], (450, 1550)), ([2
           ([200, 300], (150, 350)), ([130, 500], (129, 501))]
 
 
-def block_scale_partial(q, k, v, cu_q, cu_k, softmax_scale, k_mean, v_amax, k_scale):
-    """The reference's partial with K scales read as the kernel reads them: each key takes the
-    scale at the first key of its 128-key block, counted from its segment's first key in k."""
-    at = [a + (j - a) // 128 * 128 for a, b in zip(cu_k, cu_k[1:]) for j in range(a, b)]
-    return parallel.local.reference_partial_attention(q, k, v, cu_q, cu_k, softmax_scale, k_mean, v_amax,
-                                                      k_scale[torch.tensor(at, dtype=torch.int64)])
-
-
 @pytest.mark.parametrize("seqlens,counts", SPLITS, ids=[f"{len(c)}ranks-{'-'.join(map(str, c))}" for _, c in SPLITS])
 def test_virtual_ring_quantizes_as_one_device(seqlens, counts, seed):
-    """The ring's steps on the CPU with the reference's partial, K scales read per block as the
-    kernel reads them: every split quantizes K and V as one device does, so the merged lse is the
+    """The ring's steps on the CPU with the reference's partial (a scale per 128-key block, as the
+    kernel takes them): every split quantizes K and V as one device does, so the merged lse is the
     single process's up to FP32 rounding and the output as close to exact attention."""
     q, k, v, cu = inputs(seqlens, 2, seed)
-    out, lse = virtual_ring(q, k, v, cu, counts, block_scale_partial)
+    out, lse = virtual_ring(q, k, v, cu, counts, parallel.local.reference_partial_attention)
     want, want_lse = R.attention_fp8(q, k, v, cu, return_lse=True)
     assert (lse - want_lse).abs().max() <= 1e-4 * (1 + want_lse.abs().max())
     assert rel_l2(out, want) <= 0.03

@@ -126,26 +126,36 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     function of these ints alone, so a call that repeats them (the same arrays, plan and
     workspace: the usual steady state) reuses the tuples instead of building them again."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
-    vec = numba_ptx.vector
-    plane = heads * HEAD_DIM
-    seg3 = (0, 0, segments * plane, 4, 0, segments, heads, HEAD_DIM, plane * 4, HEAD_DIM * 4, 4)
     out = []
     add = lambda *launch: out.append(launch)  # noqa: E731
     _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
-    if n:
-        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
-            (*vec(k, tokens * plane // 4, 8), *vec(v, tokens * plane // 4, 8), *_blocks_array(blocks, n),
-             *vec(base + o_part, 2 * n * plane, 4), heads, n))
+    _kv_block_pass(add, tokens, heads, n, k, v, blocks, base + o_part)
     if segments and tokens:
-        mu, s_v = list(seg3), list(seg3)
-        mu[4], s_v[4] = base + o_mu, base + o_sv
         add("kv_segment_kernel", (segments, heads), G.SEG_THREADS,
-            (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride, *vec(block_offset, segments + 1, 4),
-             0, 0, 2 * n * plane, 4, base + o_part, 2, n, heads, HEAD_DIM, 4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4,
-             *mu, *s_v))
+            (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride,
+             *_segment_reduction(segments, heads, n, block_offset, base + o_part, base + o_mu, base + o_sv)))
     _kv_passes(add, tokens, heads, segments, n, k, v, base + o_mu, base + o_sv, blocks, base + o_k8, base + o_sk,
                base + o_v8t)
     return tuple(out)
+
+
+def _kv_block_pass(add, tokens, heads, n, k, v, blocks, partials):
+    """The pass over the n key blocks of k and v (`tokens` tokens) that writes each block's K sums
+    and V amaxes into partials (f32 [2, n, heads, 128]; addresses)."""
+    if n:
+        vec, words = numba_ptx.vector, tokens * heads * HEAD_DIM // 4
+        add("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
+            (*vec(k, words, 8), *vec(v, words, 8), *_blocks_array(blocks, n),
+             *vec(partials, 2 * n * heads * HEAD_DIM, 4), heads, n))
+
+
+def _segment_reduction(segments, heads, n, block_offset, partials, out_k, out_v):
+    """The arguments a segment kernel (kv_segment_kernel after its cu, kv_segment_sums_kernel)
+    takes: block_offset (int32 [segments + 1]), the partials (f32 [2, n, heads, 128]) and its two
+    outputs (f32 [segments, heads, 128]), as addresses."""
+    arr = numba_ptx.array_values
+    return (*numba_ptx.vector(block_offset, segments + 1, 4), *arr(partials, (2, n, heads, HEAD_DIM), 4),
+            *arr(out_k, (segments, heads, HEAD_DIM), 4), *arr(out_v, (segments, heads, HEAD_DIM), 4))
 
 
 def _blocks_array(blocks, n):
@@ -293,18 +303,11 @@ def run_segment_sums(call, k, v, cu_k, heads, k_sum, v_amax):
             call.zero(data_ptr(k_sum), segments * heads * HEAD_DIM * 4)
             call.zero(data_ptr(v_amax), segments * heads * HEAD_DIM * 4)
             return
-        plane = heads * HEAD_DIM
-        held = workspace.scratch(call, 2 * n * plane * 4)
-        part, words = data_ptr(held), int(k.shape[0]) * plane // 4
-        vec, seg3 = numba_ptx.vector, lambda a: (0, 0, segments * plane, 4, a, segments, heads, HEAD_DIM, plane * 4,
-                                                  HEAD_DIM * 4, 4)
-        _launch_passes(call, (
-            ("kv_block_kernel", (-(-n // G.KV_WARPS) * heads, 1), G.KV_BLOCK_THREADS,
-             (*vec(data_ptr(k), words, 8), *vec(data_ptr(v), words, 8), *_blocks_array(blocks, n),
-              *vec(part, 2 * n * plane, 4), heads, n)),
-            ("kv_segment_sums_kernel", (segments, heads), G.SEG_THREADS,
-             (*vec(block_offset, segments + 1, 4), 0, 0, 2 * n * plane, 4, part, 2, n, heads, HEAD_DIM,
-              4 * n * plane, 4 * plane, 4 * HEAD_DIM, 4, *seg3(data_ptr(k_sum)), *seg3(data_ptr(v_amax))))))
+        part = data_ptr(workspace.scratch(call, 2 * n * heads * HEAD_DIM * 4))
+        add = lambda *launch: _launch_passes(call, (launch,))  # noqa: E731
+        _kv_block_pass(add, int(k.shape[0]), heads, n, data_ptr(k), data_ptr(v), blocks, part)
+        add("kv_segment_sums_kernel", (segments, heads), G.SEG_THREADS,
+            _segment_reduction(segments, heads, n, block_offset, part, data_ptr(k_sum), data_ptr(v_amax)))
 
 
 def grid_block_count(cu_k, firsts):

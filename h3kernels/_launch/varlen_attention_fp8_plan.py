@@ -23,14 +23,25 @@ def _blocks(cu):
     """The one numbering of the 128-key blocks (K scale blocks, V column blocks), segment after
     segment from each segment's start: (block_offset int32 [segments + 1], blocks int64 [n, 3]
     of (segment, first key, keys))."""
+    return grid_blocks(cu, (0,) * (len(cu) - 1))
+
+
+@functools.lru_cache(maxsize=256)
+def grid_blocks(cu, firsts):
+    """_blocks of keys in segments cu (a tuple of ints) whose key 0 is key firsts[i] of its whole
+    segment i (a tuple of ints): blocks cut where the whole segment's are, every 128 keys from its
+    start, so a segment's first block here may be short (the statistics a ring gathers on the
+    whole segments' grid). All firsts 0: _blocks."""
     cu = np.asarray(cu, dtype=np.int64)
     starts, ends = cu[:-1], cu[1:]
-    counts = -(-(ends - starts) // K_BLOCK)
+    lead = np.asarray(firsts, dtype=np.int64).reshape(-1) % K_BLOCK  # keys of the first block's grid block before key 0
+    counts = np.where(ends > starts, -(-(lead + ends - starts) // K_BLOCK), 0)
     block_offset = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     seg = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    first = starts[seg] + (np.arange(int(block_offset[-1]), dtype=np.int64) - block_offset[seg]) * K_BLOCK
-    blocks = np.stack([seg, first, np.minimum(K_BLOCK, ends[seg] - first)], axis=1).reshape(-1, 3)
-    return block_offset, blocks
+    j = np.arange(int(block_offset[-1]), dtype=np.int64) - block_offset[seg]
+    first = starts[seg] + np.maximum(j * K_BLOCK - lead[seg], 0)
+    end = np.minimum(ends[seg], starts[seg] + (j + 1) * K_BLOCK - lead[seg])
+    return block_offset, np.stack([seg, first, end - first], axis=1).reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,21 +99,3 @@ def cross_plan_arrays(cu_q, cu_k, heads):
     segments that have both, the key blocks of cu_k, and q_bounds = cu_q."""
     block_offset, blocks = _blocks(cu_k)
     return _cross_plan_host(cu_q, cu_k, heads), block_offset, blocks, np.asarray(cu_q, dtype=np.int32)
-
-
-@functools.lru_cache(maxsize=256)
-def grid_blocks(cu, firsts):
-    """The 128-key blocks of keys in segments cu (a tuple of ints) whose key 0 is key firsts[i]
-    of its whole segment i (a tuple of ints), cut where the whole segment's blocks are (every 128
-    keys from its start): (block_offset int32 [segments + 1], blocks int64 [n, 3]) as _blocks
-    gives them, for the statistics a ring gathers on the whole segments' grid."""
-    rows, block_offset = [], [0]
-    for i, (a, b, f) in enumerate(zip(cu, cu[1:], firsts)):
-        cut = a
-        while cut < b:
-            end = min(b, cut + K_BLOCK - (f + cut - a) % K_BLOCK)
-            rows.append((i, cut, end - cut))
-            cut = end
-        block_offset.append(len(rows))
-    blocks = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return np.array(block_offset, dtype=np.int32), blocks

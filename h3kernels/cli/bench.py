@@ -18,7 +18,7 @@ on operands quantized beforehand), beside our attention kernel alone (its launch
 the quantization passes); a peer that cannot run is absent from the rows, its reason once in
 "peers_unavailable". With the attention, the accuracy beside the speed: ours, the reference and
 the FP8 peers against exact attention on one segment, with and without an offset on the keys
-(h3kernels.peers.fp8_accuracy, "accuracy"). bench/bench_mlp.py and bench/bench_attention.py time
+(h3kernels.testing.fp8_accuracy, "accuracy"). bench/bench_mlp.py and bench/bench_attention.py time
 more peers (FP8 _scaled_mm, torch.compile, varlen).
 """
 import csv
@@ -131,8 +131,8 @@ def attention_case(seqlens, forms=(-1,), heads=56, unavailable=None):
 
 
 def accuracy_figures(forms):
-    """h3kernels.peers.fp8_accuracy.attention_accuracy at its defaults, ours in each of `forms`."""
-    from h3kernels.peers.fp8_accuracy import attention_accuracy
+    """h3kernels.testing.fp8_accuracy.attention_accuracy at its defaults, ours in each of `forms`."""
+    from h3kernels.testing.fp8_accuracy import attention_accuracy
 
     return attention_accuracy(forms)
 

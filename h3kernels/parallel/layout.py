@@ -33,8 +33,3 @@ def block_bases(cu, block=128):
     (from its start) are numbered segment after segment; the last entry is the total."""
     return tuple(itertools.accumulate((0, *(-(-(b - a) // block) for a, b in zip(cu, cu[1:])))))
 
-
-def block_firsts(cu, block=128):
-    """The first key of every 128-key block of every segment (from its start), segment after
-    segment: block_bases' numbering."""
-    return tuple(f for a, b in zip(cu, cu[1:]) for f in range(a, b, block))

@@ -4,8 +4,7 @@ use the reference on the CPU; a peer kernel could be plugged in the same way).""
 import torch
 
 from h3kernels import reference as R
-from h3kernels.constants import E4M3_MAX
-from h3kernels.parallel.layout import block_firsts
+from h3kernels.constants import E4M3_MAX, K_BLOCK
 from h3kernels.quantize import div
 
 # the forms of the callables a caller may give in place of the defaults (as checks name them)
@@ -28,9 +27,10 @@ def default_attention(q, k, v, cu_seqlens, softmax_scale, return_lse):
 def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
     """Queries of segment i of q (cu_seqlens_q) against keys of segment i of k, v (cu_seqlens_k),
     K centred on the given whole-segment mean k_mean and V scaled by the whole segment's v_amax
-    (f32 [segments, heads, 128]), each key's K scale k_scale (f32 [k tokens, heads]): (out bf16,
-    lse f32 [heads, q tokens]), lse -inf and out 0 where a segment has no keys here. The GPU
-    kernel on CUDA tensors (kernel_partial_attention), the reference elsewhere."""
+    (f32 [segments, heads, 128]), K scaled per 128-key block (from each segment's first key in k,
+    numbered segment after segment) by k_scale (f32 [blocks, heads]; None: each block's own
+    amax): (out bf16, lse f32 [heads, q tokens]), lse -inf and out 0 where a segment has no keys
+    here. The GPU kernel on CUDA tensors (kernel_partial_attention), the reference elsewhere."""
     if q.is_cuda:
         return kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
     return reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
@@ -42,23 +42,22 @@ def reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_sca
     longest = max((b - a for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:])), default=1)
     # query rows per chunk: FP32 scores of at most about 2 GiB at a time
     chunk = max(16, min(1024, (1 << 29) // max(1, q.shape[1] * longest)))
+    if k_scale is not None:  # the reference takes a scale per key: each block's for all its keys
+        keys = [min(K_BLOCK, b - f) for a, b in zip(cu_seqlens_k, cu_seqlens_k[1:]) for f in range(a, b, K_BLOCK)]
+        k_scale = k_scale.repeat_interleave(torch.tensor(keys, dtype=torch.int64, device=k_scale.device), dim=0)
     return R.attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean=k_mean, v_amax=v_amax,
                                    k_scale=k_scale, query_chunk=chunk)
 
 
 def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
     """default_partial_attention by the GPU operator minimax_h3_varlen_attention_fp8_partial on
-    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it, K by the scale of each
-    128-key block counted from each segment's first key in k, read from k_scale at the block's
-    first key: the caller's blocks must each lie inside one block of the whole segment's grid,
-    as the ring's key pieces do (ring.key_pieces). k_scale None: each block's own amax."""
+    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it."""
     from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_partial
 
     amax = v_amax.to(torch.float32)
     v_scale = div(amax, E4M3_MAX).contiguous()  # RN(amax / 448), as the V pass
     if k_scale is not None:
-        firsts = torch.tensor(block_firsts(cu_seqlens_k), dtype=torch.int64, device=k_scale.device)
-        k_scale = k_scale.to(torch.float32)[firsts].contiguous()
+        k_scale = k_scale.to(torch.float32).contiguous()
     return minimax_h3_varlen_attention_fp8_partial(q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k),
                                                    k_mean.to(torch.float32).contiguous(), v_scale, k_scale=k_scale,
                                                    softmax_scale=softmax_scale)

@@ -30,7 +30,8 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     """Attention over a packed sequence spread over the ranks of `group` by token ranges, the
     arguments and results as ulysses_attention's (any head count). partial_attention(q, k, v,
     cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale) -> (out, lse) is the
-    attention of this rank's queries to one rank's key block (h3kernels.parallel.local). Every
+    attention of this rank's queries to one rank's key block, k_scale the scales of its 128-key
+    blocks (h3kernels.parallel.local). Every
     check runs before the first message."""
     checks.callable_or_none("partial_attention", partial_attention, PARTIAL_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
@@ -74,10 +75,9 @@ def attend_keys(q, kv, s, src, stats, attend, merge):
     k_mean, v_amax, block_scales = stats
     cu_k = layout.local_seqlens(s.cu, s.starts[src], s.counts[src])
     if s.tokens and s.counts[src] and layout.segments_meeting(s.local_cu, cu_k):
-        scales = key_scales(s, block_scales, src)
         for lo, hi, cu_piece in key_pieces(s, src, cu_k):
             merge.add(*attend(q, kv[0, lo:hi], kv[1, lo:hi], s.local_cu, cu_piece, s.scale, k_mean, v_amax,
-                              scales[lo:hi]))
+                              piece_scales(s, block_scales, s.starts[src] + lo, cu_piece)))
 
 
 def segment_statistics(k, v, s):
@@ -192,14 +192,12 @@ def key_pieces(s, src, cu_k):
     return ((0, head, tuple(min(c, head) for c in cu_k)), (head, n, tuple(max(c - head, 0) for c in cu_k)))
 
 
-def key_scales(s, block_scales, src):
-    """The K scale of each key of rank src's block, f32 [n_src, heads]: that of the whole
-    segment's 128-key block it lies in, as the single-device attention quantizes it."""
+def piece_scales(s, block_scales, first, cu_piece):
+    """The K scales of a piece's 128-key blocks (counted from each segment's first key in the
+    piece, as a partial counts them; the piece's row 0 is global token `first`), f32 [blocks,
+    heads]: each block's whole-segment block, the one its first key lies in (key_pieces makes it
+    the one of all its keys)."""
     bases = layout.block_bases(s.cu)
-    first, n = s.starts[src], s.counts[src]
-    ids = torch.empty(n, dtype=torch.int64)
-    for i, (a, b) in enumerate(zip(s.cu, s.cu[1:])):
-        lo, hi = max(a, first), min(b, first + n)
-        if hi > lo:
-            ids[lo - first:hi - first] = bases[i] + (torch.arange(lo, hi) - a) // K_BLOCK
-    return block_scales[ids.to(block_scales.device)]
+    ids = [bases[i] + (first + r - c) // K_BLOCK
+           for i, (a, b, c) in enumerate(zip(cu_piece, cu_piece[1:], s.cu)) for r in range(a, b, K_BLOCK)]
+    return block_scales[torch.tensor(ids, dtype=torch.int64, device=block_scales.device)]

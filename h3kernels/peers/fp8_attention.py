@@ -8,7 +8,7 @@ per channel, which is what our contract adds (docs/spec.md).
 Every function returns a callable that runs the peer on the prepared operands, or raises
 PeerUnavailable saying why it cannot run here (not installed, a shape it does not take).
 prepared() goes through PEERS for the benches (bench/bench_attention.py, `python -m h3kernels
-bench`) and the accuracy figures (h3kernels.peers.fp8_accuracy), so that all of them prepare
+bench`) and the accuracy figures (h3kernels.testing.fp8_accuracy), so that all of them prepare
 and skip a peer the same way; values() reads a peer's output as numbers.
 """
 import math
