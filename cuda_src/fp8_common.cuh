@@ -57,6 +57,20 @@ __device__ __forceinline__ u16 bf16_from_f32(float f) {
 
 __device__ __forceinline__ float round_bf16(float f) { return f32_from_bf16(bf16_from_f32(f)); }
 
+// lo in the low half, hi in the high half, each rounded to nearest even
+__device__ __forceinline__ u32 bf16x2_from_f32(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// round_bf16 of both values, in one conversion
+__device__ __forceinline__ void round_bf16x2(float (&v)[2]) {
+  const u32 r = bf16x2_from_f32(v[0], v[1]);
+  v[0] = __uint_as_float(r << 16);
+  v[1] = __uint_as_float(r & 0xFFFF0000u);
+}
+
 // Shared-memory addresses and the asynchronous-copy and ldmatrix instructions both kernels use.
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 

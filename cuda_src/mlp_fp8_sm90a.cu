@@ -125,13 +125,19 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
   #pragma unroll
           for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
             const int j = j0 + 2 * p, pg = col0 + h * HALF_N + 8 * j;
-            u32 packed = 0;
+            // both columns' roundings in one conversion each (the same RN bits as one at a time)
+            float hg[2], hu[2], sg[2];
   #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float hg = round_bf16((acc[h][4 * j + 2 * rh + e] * sa[rh]) * g_scale[p][e]);
-              const float hu = round_bf16((acc[h][4 * (j + 1) + 2 * rh + e] * sa[rh]) * u_scale[p][e]);
-              packed |= (u32)bf16_from_f32(round_bf16(silu_fast(hg)) * hu) << (16 * e);
+              hg[e] = (acc[h][4 * j + 2 * rh + e] * sa[rh]) * g_scale[p][e];
+              hu[e] = (acc[h][4 * (j + 1) + 2 * rh + e] * sa[rh]) * u_scale[p][e];
             }
+            round_bf16x2(hg);
+            round_bf16x2(hu);
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) sg[e] = silu_fast(hg[e]);
+            round_bf16x2(sg);
+            const u32 packed = bf16x2_from_f32(sg[0] * hu[0], sg[1] * hu[1]);
             *reinterpret_cast<u32*>(y + (i64)row * FFN + fc1_logical_column(pg)) = packed;
           }
         }
@@ -184,13 +190,16 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
             const int col = col0 + h * HALF_N + 8 * (j0 + j);
             // computed on guarded rows too and then not taken (a select, not a branch: inside a
             // branch ptxas moved the gate and scale loads back next to their use)
-            u32 packed = 0;
+            // both columns' roundings in one conversion each (the same RN bits as one at a time)
+            float o[2], go[2];
   #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float o = round_bf16((acc[h][4 * (j0 + j) + 2 * rh + e] * sy) * w_scale[j][e]);
-              const float go = round_bf16(f32_from_bf16(gates[j][e]) * o);
-              packed |= (u32)bf16_from_f32(f32_from_bf16((u16)(res[j] >> (16 * e))) + go) << (16 * e);
-            }
+            for (int e = 0; e < 2; ++e) o[e] = (acc[h][4 * (j0 + j) + 2 * rh + e] * sy) * w_scale[j][e];
+            round_bf16x2(o);
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) go[e] = f32_from_bf16(gates[j][e]) * o[e];
+            round_bf16x2(go);
+            u32 packed = bf16x2_from_f32(f32_from_bf16((u16)res[j]) + go[0],
+                                         f32_from_bf16((u16)(res[j] >> 16)) + go[1]);
             packed = guarded ? res[j] : packed;
             *reinterpret_cast<u32*>(out + (i64)row * HIDDEN + col) = packed;
           }

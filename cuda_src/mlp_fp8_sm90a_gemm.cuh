@@ -77,8 +77,6 @@ static constexpr int GEMM_THREADS = 384;  // 3 warpgroups
 static constexpr int CONSUMER_WARPS = 8;
 static constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
 
-__device__ __forceinline__ u64 operand_desc(u32 addr) { return wgmma_desc(addr); }
-
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
 // in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,
 // acc[h][i] in the m64n128 fragment layout of half h (hopper_common.cuh). The epilogue must not
@@ -135,7 +133,9 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   }
 
   regs_alloc<CONSUMER_REGS>();
-  const int consumer = wg - 1, lane = threadIdx.x & 31;
+  // warp-uniform as the compiler sees it (a shuffle from lane 0), so the descriptors below live in
+  // the uniform datapath instead of being moved there for every wgmma
+  const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
   // the stage read next, and the oldest stage still read: released in ring order, one slice behind
   PipelineState<STAGES> ring, held;
   // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
@@ -156,14 +156,16 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
 #pragma unroll 1
     do {
       mbar_wait(&full[ring.index], ring.phase);
-      const u32 a = base + ring.index * STAGE_BYTES + consumer * 64 * BK;
-      const u32 b = base + ring.index * STAGE_BYTES + A_BYTES;
+      // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
+      // 64 rows of B)
+      const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
+      const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < BK / 32; ++k)
-          wgmma_m64n64k32_e4m3(part[q & 1], operand_desc(a + 32 * k), operand_desc(b + q * 64 * BK + 32 * k), k);
+          wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * 64 * BK + 32 * k), k);
         wgmma_commit();
         wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
         const int pq = (q + 3) & 3;  // its quarter

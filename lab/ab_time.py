@@ -66,12 +66,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--label", required=True)
     p.add_argument("--json", required=True)
+    p.add_argument("--only", choices=("mlp", "attention"), help="time one operator")
     a = p.parse_args()
     t0 = time.time()
     res = dict(label=a.label, package=h3kernels.__file__)
-    res.update(attention([("attention 4x4096", [4096] * 4, False), ("attention 4x4096 lse", [4096] * 4, True),
-                          ("attention 1x16384", [16384], False), ("attention 16x1024", [1024] * 16, False)]))
-    res.update(mlp([16384, 4096, 256]))
+    if a.only != "mlp":
+        res.update(attention([("attention 4x4096", [4096] * 4, False), ("attention 4x4096 lse", [4096] * 4, True),
+                              ("attention 1x16384", [16384], False), ("attention 16x1024", [1024] * 16, False)]))
+    if a.only != "attention":
+        res.update(mlp([16384, 4096, 256]))
     res["seconds"] = time.time() - t0
     with open(a.json, "a") as f:
         f.write(json.dumps(res) + "\n")

@@ -482,8 +482,9 @@ def k_scale_passes(k, mu, blocks, s_k, stream=None):
     n, heads = blocks.shape[0], k.shape[1]
     out = _Passes(stream)
     if n:
-        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, np.zeros(0, np.uint32),
-                _flat(s_k), np.uint64(heads))
+        no_codes = _flat(s_k)[:0].view(np.uint32)  # on s_k's side: a host array would be copied
+        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, no_codes, _flat(s_k),
+                np.uint64(heads))
     return list(out)
 
 
