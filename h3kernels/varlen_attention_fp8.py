@@ -59,7 +59,7 @@ minimax_h3_sm120_varlen_attention_fp8 = minimax_h3_varlen_attention_fp8
 
 
 def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean, v_scale, *, k_scale=None,
-                                            softmax_scale=None, fp8_mma_form=-1):
+                                            softmax_scale=None, exact_lse=True, fp8_mma_form=-1):
     """The attention of one share of the keys, as a ring's step needs it: the queries of segment
     i of q (rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1]) against the keys of segment i of k, v
     (rows cu_seqlens_k[i] ..), with K centred on k_mean and V scaled by v_scale (f32 [segments,
@@ -75,10 +75,15 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     Returns (out bf16 [q tokens, heads, 128], lse f32 [heads, q tokens]) of the caller's kind:
     each row's attention over this share and the natural log-sum-exp of its true scores, what
     merging the shares by their lse needs (h3kernels.parallel.merge); a row whose segment has no
-    keys here gets out 0 and lse -inf. On the caller's current stream, no host sync."""
+    keys here gets out 0 and lse -inf. exact_lse=False: the lse of the sum that out is divided by
+    instead, on the wgmma form the tensor core's sum of the rounded P (a merge weighted by it
+    adds the shares' P V as one call over all keys would), at the speed of the call without the
+    lse; the mma.sync forms' lse is the true one either way. On the caller's current stream, no
+    host sync."""
     tokens_q, tokens_k, heads, cu_q, cu_k = checks.check_partial_args(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean,
                                                                       v_scale, k_scale)
     scale = checks.softmax_scale(softmax_scale)
+    checks.boolean("exact_lse", exact_lse)
     checks.fp8_mma_form(fp8_mma_form)
     call = arrays.Call(dict(q=q, k=k, v=v, k_mean=k_mean, v_scale=v_scale, k_scale=k_scale))  # None: skipped
     form = targets.operator_form(call.device_id, fp8_mma_form)
@@ -86,13 +91,20 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     lse = call.empty((heads, tokens_q), arrays.F32)
     previous = call.make_current()
     try:
-        call.zero(arrays.data_ptr(out), arrays.nbytes(out))
-        _fill_neg_inf(call, lse)
+        if _rows_without_keys(cu_q, cu_k):  # the kernel writes every other row
+            call.zero(arrays.data_ptr(out), arrays.nbytes(out))
+            _fill_neg_inf(call, lse)
         if tokens_q and tokens_k:
-            launch.run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, k_mean, v_scale, k_scale, form)
+            launch.run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, k_mean, v_scale, k_scale, form,
+                               exact_lse)
     finally:
         arrays.restore(previous)
     return out, lse
+
+
+def _rows_without_keys(cu_q, cu_k):
+    """Whether a segment has queries and no keys (its rows: out 0, lse -inf)."""
+    return any(b > a and d == c for a, b, c, d in zip(cu_q, cu_q[1:], cu_k, cu_k[1:]))
 
 
 def _fill_neg_inf(call, a):

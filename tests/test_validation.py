@@ -524,6 +524,7 @@ PARTIAL_BAD = [
     ("k_scale", lambda a: torch.ones(3, 2), ValueError, r"k_scale: got shape \(3, 2\); need shape \(2, 2\)"),
     ("k_scale", lambda a: torch.ones(2, 2, dtype=torch.float64), TypeError, "k_scale: got .*float64.*float32"),
     ("k_mean", lambda a: None, TypeError, "k_mean: got None; need"),
+    ("exact_lse", lambda a: 1, TypeError, "exact_lse: got 1; need True or False"),
 ]
 
 

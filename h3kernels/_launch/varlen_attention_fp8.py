@@ -77,12 +77,12 @@ def shipped_builds(arch):
     return tuple(AttentionBuild(arch, form) for form in targets.MMA_FORMS[arch]) if arch in ARCHS else ()
 
 
-def attention_build(device_id, form, lse):
+def attention_build(device_id, form, exact_lse):
     """The build a call runs: the Hopper family's for form 3 (its exact-l build when the call wants
-    the lse), else this kernel's for the device's arch and `form`; one instance of each, so that
-    the loader's lookup hashes a build it has seen."""
+    the lse of the true scores), else this kernel's for the device's arch and `form`; one instance
+    of each, so that the loader's lookup hashes a build it has seen."""
     if targets.form_family(form) == targets.WGMMA:
-        return hopper.BUILDS[lse]
+        return hopper.BUILDS[exact_lse]
     return _mma_build(targets.device_arch(device_id), form)
 
 
@@ -224,21 +224,22 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
                    scale, CAPTURE_ADVICE, keep)
 
 
-def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k, form):
+def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k, form, exact_lse=True):
     """The ring's step on the call's stream: the queries of segment i of q (rows cu_q[i] ..
     cu_q[i + 1]) against the keys of segment i of k, v (cu_k), K centred on mu and V scaled by s_v
     (the caller's f32 [segments, heads, 128] arrays: the whole segments' statistics), K scaled
     per 128-key block from each segment's first key in k, by s_k (f32 [key blocks, heads]) where
     given, else by the block's own amax. out and lse (f32 [heads, q tokens]) are
-    written for the rows of segments that have keys here, and left as they are elsewhere. The
-    call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
+    written for the rows of segments that have keys here, and left as they are elsewhere; the
+    lse of the true scores, or with exact_lse False that of the sum out is divided by (the
+    wgmma form's build without the lse's own FP32 sum). The call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
     s_k = None if s_k is None else data_ptr(s_k)
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
         data_ptr(s_v), s_k, blocks, base)
-    return _attend(call, attention_build(call.device_id, form, lse is not None), ("cross", cu_q, cu_k, heads),
+    return _attend(call, attention_build(call.device_id, form, exact_lse), ("cross", cu_q, cu_k, heads),
                    lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
                    q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE, s_k=s_k)
 

@@ -71,8 +71,13 @@ def fp8_mma_form(form):
 
 def return_lse(flag):
     """True or False (a bool: 0 and 1 are refused, a mistyped positional argument would pass)."""
+    return boolean("return_lse", flag)
+
+
+def boolean(name, flag):
+    """The keyword flag `name`: True or False, as return_lse."""
     if not isinstance(flag, bool):
-        v.fail("return_lse", repr(flag), "True or False", TypeError)
+        v.fail(name, repr(flag), "True or False", TypeError)
     return flag
 
 

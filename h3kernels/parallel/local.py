@@ -24,15 +24,18 @@ def default_attention(q, k, v, cu_seqlens, softmax_scale, return_lse):
     return R.attention_fp8(q, k, v, cu_seqlens, softmax_scale, return_lse=return_lse)
 
 
-def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+def default_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale, *,
+                              exact_lse=True):
     """Queries of segment i of q (cu_seqlens_q) against keys of segment i of k, v (cu_seqlens_k),
     K centred on the given whole-segment mean k_mean and V scaled by the whole segment's v_amax
     (f32 [segments, heads, 128]), K scaled per 128-key block (from each segment's first key in k,
     numbered segment after segment) by k_scale (f32 [blocks, heads]; None: each block's own
     amax): (out bf16, lse f32 [heads, q tokens]), lse -inf and out 0 where a segment has no keys
-    here. The GPU kernel on CUDA tensors (kernel_partial_attention), the reference elsewhere."""
+    here. The GPU kernel on CUDA tensors (kernel_partial_attention; exact_lse as its), the
+    reference elsewhere (whose lse is always the true one)."""
     if q.is_cuda:
-        return kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
+        return kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale,
+                                        exact_lse=exact_lse)
     return reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale)
 
 
@@ -49,9 +52,11 @@ def reference_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_sca
                                    k_scale=k_scale, query_chunk=chunk)
 
 
-def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale):
+def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale, *,
+                             exact_lse=True):
     """default_partial_attention by the GPU operator minimax_h3_varlen_attention_fp8_partial on
-    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it."""
+    CUDA tensors, V scaled by RN(v_amax / 448) as the V pass scales it. exact_lse=False: the lse
+    of the sum out is divided by (the operator's), what a merge of outputs alone needs."""
     from h3kernels.varlen_attention_fp8 import minimax_h3_varlen_attention_fp8_partial
 
     amax = v_amax.to(torch.float32)
@@ -60,4 +65,4 @@ def kernel_partial_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
         k_scale = k_scale.to(torch.float32).contiguous()
     return minimax_h3_varlen_attention_fp8_partial(q, k, v, tuple(cu_seqlens_q), tuple(cu_seqlens_k),
                                                    k_mean.to(torch.float32).contiguous(), v_scale, k_scale=k_scale,
-                                                   softmax_scale=softmax_scale)
+                                                   softmax_scale=softmax_scale, exact_lse=exact_lse)

@@ -14,6 +14,8 @@ maximum). Where no segment
 crosses a rank boundary (a world of one, for one) each rank's call is the plain attention of its
 own tokens, with no message but the all-gather of the token counts when tokens_per_rank is not
 given (a world of one needs none)."""
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -35,7 +37,9 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     check runs before the first message."""
     checks.callable_or_none("partial_attention", partial_attention, PARTIAL_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
-    attend = partial_attention or default_partial_attention
+    # without the lse wanted, the partials' lse weigh their outputs by the sums they were divided
+    # by (the kernel's build without the lse's own FP32 sum, as fast as the plain call)
+    attend = partial_attention or functools.partial(default_partial_attention, exact_lse=s.want_lse)
     clock = _group.Clock(timings, q.device)
     if partial_attention is None and not s.crossing:
         return _group.plain_call(s, default_attention, q, k, v, out, clock)
