@@ -76,9 +76,10 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     each row's attention over this share and the natural log-sum-exp of its true scores, what
     merging the shares by their lse needs (h3kernels.parallel.merge); a row whose segment has no
     keys here gets out 0 and lse -inf. exact_lse=False: the lse of the sum that out is divided by
-    instead, on the wgmma form the tensor core's sum of the rounded P (a merge weighted by it
-    adds the shares' P V as one call over all keys would), at the speed of the call without the
-    lse; the mma.sync forms' lse is the true one either way. On the caller's current stream, no
+    instead (on the wgmma form the tensor core's sum of the rounded P, where a segment has more
+    than one key block; a merge weighted by it adds the shares' P V as one call over all keys
+    would), at the speed of the call without the lse; the mma.sync forms' lse is the true one
+    either way. On the caller's current stream, no
     host sync."""
     tokens_q, tokens_k, heads, cu_q, cu_k = checks.check_partial_args(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean,
                                                                       v_scale, k_scale)

@@ -732,6 +732,7 @@ def test_kernel_partial_attention_matches_the_reference_partial(seed):
     """The ring's step on the GPU (kernel_partial_attention: the cross plan, the caller's key mean
     and V amax) against the reference's, the rank boundary 256 keys into a segment so that both
     use the whole segment's K scale grid."""
+    from h3kernels._runtime import targets
     from h3kernels.parallel import local_seqlens
     from h3kernels.parallel.local import kernel_partial_attention, reference_partial_attention
 
@@ -760,13 +761,15 @@ def test_kernel_partial_attention_matches_the_reference_partial(seed):
     want, want_lse = reference_partial_attention(*args[:-1], 1.5 * blocks)
     assert not same_bits(given[0], got) and rel_l2(given[0][70:], want[70:]) <= 0.03
     assert (given[1][:, 70:] - want_lse[:, 70:]).abs().max() <= 1e-4 * (1 + want_lse[:, 70:].abs().max())
-    # exact_lse=False: the same out; the lse of the tensor core's sum of the rounded P, each P
-    # within 2^-4 of its value (e4m3), so within -ln(1 - 2^-4) of the true lse
+    # exact_lse=False: the same out; on the wgmma form the lse of the tensor core's sum of the
+    # rounded P, each P within 2^-4 of its value (e4m3), so within -ln(1 - 2^-4) of the true lse
+    # (the mma.sync forms' lse is the true one either way)
     fast = kernel_partial_attention(*args, exact_lse=False)
     diff = (fast[1][:, 70:] - got_lse[:, 70:]).abs().max().item()
     print(f"lse of the rounded P's sum against the true lse: max |diff| {diff:.2e}")
     assert same_bits(fast[0], got) and torch.isinf(fast[1][:, :70]).all()
-    assert 0 < diff <= -math.log(1 - 2 ** -4)
+    wgmma = targets.form_family(targets.operator_form(q.device.index or 0, -1)) == targets.WGMMA
+    assert 0 < diff <= -math.log(1 - 2 ** -4) if wgmma else diff == 0
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ class LseMerge:
         safe = torch.where(finite, new, torch.zeros_like(new))
         new_w = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(new)).T[:, :, None]
         if self.acc is None:
-            self.acc = out * new_w  # FP32 (new_w's type), in one pass
+            self.acc = (out * new_w).float()  # FP32 in one pass (bf16 x FP32 is FP32 already)
         else:
             old_w = torch.where(finite, torch.exp(self.lse - safe), torch.zeros_like(new)).T[:, :, None]
             self.acc.mul_(old_w).addcmul_(out, new_w)
