@@ -79,8 +79,7 @@ def minimax_h3_varlen_attention_fp8_partial(q, k, v, cu_seqlens_q, cu_seqlens_k,
     instead (on the wgmma form the tensor core's sum of the rounded P, where a segment has more
     than one key block; a merge weighted by it adds the shares' P V as one call over all keys
     would), at the speed of the call without the lse; the mma.sync forms' lse is the true one
-    either way. On the caller's current stream, no
-    host sync."""
+    either way. On the caller's current stream, no host sync."""
     tokens_q, tokens_k, heads, cu_q, cu_k = checks.check_partial_args(q, k, v, cu_seqlens_q, cu_seqlens_k, k_mean,
                                                                       v_scale, k_scale)
     scale = checks.softmax_scale(softmax_scale)

@@ -232,7 +232,8 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k,
     given, else by the block's own amax. out and lse (f32 [heads, q tokens]) are
     written for the rows of segments that have keys here, and left as they are elsewhere; the
     lse of the true scores, or with exact_lse False that of the sum out is divided by (the
-    wgmma form's build without the lse's own FP32 sum). The call's device must be current. Returns the attention kernel's LaunchRecord (None: no tiles)."""
+    wgmma form's build without the lse's own FP32 sum). The call's device must be current.
+    Returns the attention kernel's LaunchRecord (None: no tiles)."""
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
     s_k = None if s_k is None else data_ptr(s_k)
@@ -304,7 +305,8 @@ def run_segment_sums(call, k, v, cu_k, heads, k_sum, v_amax):
             call.zero(data_ptr(k_sum), segments * heads * HEAD_DIM * 4)
             call.zero(data_ptr(v_amax), segments * heads * HEAD_DIM * 4)
             return
-        part = data_ptr(workspace.scratch(call, 2 * n * heads * HEAD_DIM * 4))
+        held = workspace.scratch(call, 2 * n * heads * HEAD_DIM * 4)  # held until the launches are queued
+        part = data_ptr(held)
         add = lambda *launch: _launch_passes(call, (launch,))  # noqa: E731
         _kv_block_pass(add, int(k.shape[0]), heads, n, data_ptr(k), data_ptr(v), blocks, part)
         add("kv_segment_sums_kernel", (segments, heads), G.SEG_THREADS,

@@ -32,4 +32,3 @@ def block_bases(cu, block=128):
     """The number of the first 128-key block of each segment when the blocks of every segment
     (from its start) are numbered segment after segment; the last entry is the total."""
     return tuple(itertools.accumulate((0, *(-(-(b - a) // block) for a, b in zip(cu, cu[1:])))))
-

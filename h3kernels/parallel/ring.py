@@ -10,10 +10,9 @@ given, so a rank's keys that start inside a whole-segment block go to a partial 
 up to the next block boundary (key_pieces): every partial then quantizes its keys as the
 single-device attention does (the mean up to its summation order), and the partials differ
 from one attention over all keys only where P is rounded (against each partial's own row
-maximum). Where no segment
-crosses a rank boundary (a world of one, for one) each rank's call is the plain attention of its
-own tokens, with no message but the all-gather of the token counts when tokens_per_rank is not
-given (a world of one needs none)."""
+maximum). Where no segment crosses a rank boundary (a world of one, for one) each rank's call is
+the plain attention of its own tokens, with no message but the all-gather of the token counts
+when tokens_per_rank is not given (a world of one needs none)."""
 import functools
 
 import torch
@@ -33,8 +32,7 @@ def ring_attention(q, k, v, cu_seqlens, *, tokens_per_rank=None, group=None, out
     arguments and results as ulysses_attention's (any head count). partial_attention(q, k, v,
     cu_seqlens_q, cu_seqlens_k, softmax_scale, k_mean, v_amax, k_scale) -> (out, lse) is the
     attention of this rank's queries to one rank's key block, k_scale the scales of its 128-key
-    blocks (h3kernels.parallel.local). Every
-    check runs before the first message."""
+    blocks (h3kernels.parallel.local). Every check runs before the first message."""
     checks.callable_or_none("partial_attention", partial_attention, PARTIAL_FORM)
     s = _group.Shard(q, k, v, cu_seqlens, tokens_per_rank, group, out, softmax_scale, return_lse, ulysses=False)
     # without the lse wanted, the partials' lse weigh their outputs by the sums they were divided

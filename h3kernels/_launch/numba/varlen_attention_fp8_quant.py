@@ -432,6 +432,14 @@ class _Passes(list):
             self.add("kv_block_kernel", -(-n // KV_WARPS) * heads, KV_BLOCK_THREADS, _quads(k), _quads(v), blocks,
                      _flat(partials), np.uint64(heads), np.uint64(n))
 
+    def k_quant(self, k, mu, blocks, k8_words, s_k, given=False):
+        """The K pass: k_quant_kernel (s_k written; k8_words empty: no codes), or with `given`
+        k_quant_given_kernel (s_k read)."""
+        n, heads = blocks.shape[0], k.shape[1]
+        if n:
+            self.add("k_quant_given_kernel" if given else "k_quant_kernel", n * heads, QUANT_THREADS, _quads(k),
+                     _flat(mu), blocks, k8_words, _flat(s_k), np.uint64(heads))
+
     def v_quant(self, v, s_v, blocks, v8t):
         n, heads = blocks.shape[0], v.shape[1]
         if n:
@@ -479,23 +487,16 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
 
 def k_scale_passes(k, mu, blocks, s_k, stream=None):
     """s_k alone (k_quant_kernel with an empty k8); mu: f32 [segments, heads, 128]."""
-    n, heads = blocks.shape[0], k.shape[1]
     out = _Passes(stream)
-    if n:
-        no_codes = _flat(s_k)[:0].view(np.uint32)  # on s_k's side: a host array would be copied
-        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, no_codes, _flat(s_k),
-                np.uint64(heads))
+    out.k_quant(k, mu, blocks, _flat(s_k)[:0].view(np.uint32), s_k)  # k8 on s_k's side: a host array would be copied
     return list(out)
 
 
 def kv_quant_passes(k, v, mu, s_v, blocks, k8, s_k, v8t, stream=None):
     """The K and V passes (k_quant_kernel, v_quant_kernel) with mu and s_v (f32 [segments, heads,
     128]) given; arrays and return value as passes'."""
-    n, heads = blocks.shape[0], k.shape[1]
     out = _Passes(stream)
-    if n:
-        out.add("k_quant_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, _words(k8), _flat(s_k),
-                np.uint64(heads))
+    out.k_quant(k, mu, blocks, _words(k8), s_k)
     out.v_quant(v, s_v, blocks, v8t)
     return list(out)
 
@@ -520,9 +521,6 @@ def segment_sum_passes(k, v, blocks, block_offset, partials, sums, v_amax, strea
 def k_given_scale_passes(k, mu, blocks, k8, s_k, stream=None):
     """k8 with each block's scale given in s_k (f32 [n, heads]: k_quant_given_kernel); mu: f32
     [segments, heads, 128]."""
-    n, heads = blocks.shape[0], k.shape[1]
     out = _Passes(stream)
-    if n:
-        out.add("k_quant_given_kernel", n * heads, QUANT_THREADS, _quads(k), _flat(mu), blocks, _words(k8),
-                _flat(s_k), np.uint64(heads))
+    out.k_quant(k, mu, blocks, _words(k8), s_k, given=True)
     return list(out)
