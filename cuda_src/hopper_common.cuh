@@ -247,3 +247,11 @@ __device__ __forceinline__ void fence_regs(u32& r) { asm volatile("" : "+r"(r)::
 // Named barrier `id` (1..15; 0 is __syncthreads) over the 128 threads of one warpgroup, so a
 // consumer warpgroup can meet without the producer or the other consumer.
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// Named barrier `id` over `threads` threads (a multiple of 32) of which some arrive without
+// waiting: one side of a CTA signals the other without being held up by it.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
