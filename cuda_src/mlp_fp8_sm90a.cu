@@ -14,15 +14,13 @@
 
 // The build's constants, from h3kernels/_launch/mlp_fp8_sm90a.py (MlpBuild, NVRTC -D), which
 // explains each value.
-#if !defined(H3_BM) || !defined(H3_BN) || !defined(H3_BK) || !defined(H3_A_STAGES) || !defined(H3_B_STAGES) || \
-    !defined(H3_LAG_SLICES) || !defined(H3_GROUP_M) || \
+#if !defined(H3_BM) || !defined(H3_BN) || !defined(H3_BK) || !defined(H3_STAGES) || !defined(H3_GROUP_M) || \
     !defined(H3_PRODUCER_REGS) || !defined(H3_CONSUMER_REGS) || !defined(H3_FC1_EPI_BLOCKS) || \
     !defined(H3_FC2_EPI_BLOCKS) || !defined(H3_QUANT_THREADS) || !defined(H3_HIDDEN) || !defined(H3_FFN) || \
     !defined(H3_FC1_OUT)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
-static constexpr int BM = H3_BM, BN = H3_BN, BK = H3_BK, GROUP_M = H3_GROUP_M;
-static constexpr int A_STAGES = H3_A_STAGES, B_STAGES = H3_B_STAGES, LAG_SLICES = H3_LAG_SLICES;
+static constexpr int BM = H3_BM, BN = H3_BN, BK = H3_BK, STAGES = H3_STAGES, GROUP_M = H3_GROUP_M;
 static constexpr int PRODUCER_REGS = H3_PRODUCER_REGS, CONSUMER_REGS = H3_CONSUMER_REGS;
 static constexpr int FC1_EPI_BLOCKS = H3_FC1_EPI_BLOCKS, FC2_EPI_BLOCKS = H3_FC2_EPI_BLOCKS;
 static constexpr int QUANT_THREADS = H3_QUANT_THREADS;
@@ -36,8 +34,9 @@ static_assert(HIDDEN % BK == 0 && FFN % BK == 0 && FC1_OUT % BN == 0 && HIDDEN %
 #include "mlp_fp8_common.cuh"
 #include "mlp_fp8_sm90a_gemm.cuh"
 
-static_assert(FC1_EPI_BLOCKS % 2 == 0 && (HALF_BN / 8) % FC1_EPI_BLOCKS == 0 && (HALF_BN / 8) % FC2_EPI_BLOCKS == 0,
-              "FC1_EPI_BLOCKS (even) and FC2_EPI_BLOCKS divide the 16 n8 blocks of a consumer's columns");
+static constexpr int HALF_N = 128;  // columns of one m64n128 accumulator half
+static_assert(FC1_EPI_BLOCKS % 2 == 0 && (HALF_N / 8) % FC1_EPI_BLOCKS == 0 && (HALF_N / 8) % FC2_EPI_BLOCKS == 0,
+              "FC1_EPI_BLOCKS (even) and FC2_EPI_BLOCKS divide the 16 n8 blocks of a half tile");
 
 // SiLU with the special-function unit's exp and reciprocal: the contract allows a fast exp;
 // CUDA bounds __expf within 2 + 1.2 |g| FP32 ulps and __fdividef within 2 (for these
@@ -88,11 +87,11 @@ struct QuantParams {
   float* y_scale;
 };
 
-// The epilogues run in each consumer thread of a tile: thread t of a consumer holds rows
-// m0 + 64 h + 16 (t / 32) + t % 32 / 4 + 8 rh (row half h, rh in {0, 1}) and, per n8 block j of
-// its 128 columns from n0, columns n0 + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e]. The
-// entries read their struct's fields into locals once: the maps' addresses are taken, so the
-// compiler would read a field again after every store through a pointer.
+// The epilogues run in each consumer thread of a tile: thread t of a consumer warpgroup holds
+// rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per half h and n8 block j, columns
+// 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e]. The entries read their struct's fields
+// into locals once: the maps' addresses are taken, so the compiler would read a field again
+// after every store through a pointer.
 
 // FC1: n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the
 // prepacked row order), so one thread holds both operands of each SwiGLU.
@@ -101,42 +100,37 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
   u16* y = p.y;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<HIDDEN>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][64], int m0, int n0) {
+  wgmma_gemm<HIDDEN>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
-    const int row0 = m0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
+    const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // Every global load of a group of columns is issued before any of its arithmetic. Loaded
     // next to its use (the expf and the IEEE division between them kept the compiler from
     // hoisting), each scale waited out its own L2 latency while the tensor cores idled: FC1 took
     // 10% longer at M = 16384 (docs/kernels/mlp_sm90.md, "Decisions").
-    float sa[2][2];
+    float sa[2];
+  #pragma unroll
+    for (int rh = 0; rh < 2; ++rh) sa[rh] = row0 + 8 * rh < M ? a_scale[row0 + 8 * rh] : 0.f;
   #pragma unroll
     for (int h = 0; h < 2; ++h)
   #pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const int row = row0 + 64 * h + 8 * rh;
-        sa[h][rh] = row < M ? a_scale[row] : 0.f;
-      }
+      for (int j0 = 0; j0 < HALF_N / 8; j0 += FC1_EPI_BLOCKS) {
+        float g_scale[FC1_EPI_BLOCKS / 2][2], u_scale[FC1_EPI_BLOCKS / 2][2];  // of the gate and up columns
   #pragma unroll
-    for (int j0 = 0; j0 < HALF_BN / 8; j0 += FC1_EPI_BLOCKS) {
-      float g_scale[FC1_EPI_BLOCKS / 2][2], u_scale[FC1_EPI_BLOCKS / 2][2];  // of the gate and up columns
+        for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
+          const int pg = col0 + h * HALF_N + 8 * (j0 + 2 * p);  // prepacked gate column (even, pg % 16 < 8)
   #pragma unroll
-      for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
-        const int pg = col0 + 8 * (j0 + 2 * p);  // prepacked gate column (even, pg % 16 < 8)
-  #pragma unroll
-        for (int e = 0; e < 2; ++e) {  // scalar loads: the scale vectors may start at any float
-          g_scale[p][e] = w1_scale[pg + e];
-          u_scale[p][e] = w1_scale[pg + 8 + e];
+          for (int e = 0; e < 2; ++e) {  // scalar loads: the scale vectors may start at any float
+            g_scale[p][e] = w1_scale[pg + e];
+            u_scale[p][e] = w1_scale[pg + 8 + e];
+          }
         }
-      }
-  #pragma unroll
-      for (int h = 0; h < 2; ++h)
   #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
-          const int row = row0 + 64 * h + 8 * rh;
+          const int row = row0 + 8 * rh;
           if (row >= M) continue;
           // the group's first logical column; the others follow at 4 per n8 block (two prepacked
           // blocks of 8 are one logical block of 8), so the stores take constant offsets
-          u16* y_group = y + (i64)row * FFN + fc1_logical_column(col0 + 8 * j0);
+          u16* y_group = y + (i64)row * FFN + fc1_logical_column(col0 + h * HALF_N + 8 * j0);
   #pragma unroll
           for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
             const int j = j0 + 2 * p;
@@ -144,8 +138,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
             float hg[2], hu[2], sg[2];
   #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              hg[e] = (acc[h][4 * j + 2 * rh + e] * sa[h][rh]) * g_scale[p][e];
-              hu[e] = (acc[h][4 * (j + 1) + 2 * rh + e] * sa[h][rh]) * u_scale[p][e];
+              hg[e] = (acc[h][4 * j + 2 * rh + e] * sa[rh]) * g_scale[p][e];
+              hu[e] = (acc[h][4 * (j + 1) + 2 * rh + e] * sa[rh]) * u_scale[p][e];
             }
             round_bf16x2(hg);
             round_bf16x2(hu);
@@ -156,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
             *reinterpret_cast<u32*>(y_group + 8 * p) = packed;
           }
         }
-    }
+      }
   });
 }
 
@@ -170,63 +164,52 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
   u16* out = p.out;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<FFN>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][64], int m0, int n0) {
+  wgmma_gemm<FFN>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][64], int r0, int n0) {
     const int t = threadIdx.x & 127;
-    const int row0 = m0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
+    const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // As in FC1, a group's loads (residual, gate, scales) all come before its arithmetic and
-    // stores; each residual element is still read before the store that may overwrite it. The
-    // rows' scale and gate row first, for the whole tile.
-    float sy[2][2];
-    const u16* gate_row[2][2];
-    bool guarded[2][2];
+    // stores; each residual element is still read before the store that may overwrite it.
   #pragma unroll
-    for (int h = 0; h < 2; ++h)
-  #pragma unroll
-      for (int rh = 0; rh < 2; ++rh) {
-        const int row = min(row0 + 64 * h + 8 * rh, M - 1);  // rows past M are skipped below
-        sy[h][rh] = y_scale[row];
-        const i64 idx = adaln_index[row];
-        guarded[h][rh] = idx < 0 || idx >= gate_rows;
-        gate_row[h][rh] = gate + (guarded[h][rh] ? 0 : idx) * gate_stride;
-      }
-  #pragma unroll
-    for (int j0 = 0; j0 < HALF_BN / 8; j0 += FC2_EPI_BLOCKS) {
-      float w_scale[FC2_EPI_BLOCKS][2];  // scalar loads: the scale vectors may start at any float
-  #pragma unroll
-      for (int j = 0; j < FC2_EPI_BLOCKS; ++j)
-  #pragma unroll
-        for (int e = 0; e < 2; ++e) w_scale[j][e] = w2_scale[col0 + 8 * (j0 + j) + e];
+    for (int rh = 0; rh < 2; ++rh) {
+      const int row = row0 + 8 * rh;
+      if (row >= M) continue;
+      const float sy = y_scale[row];
+      const i64 idx = adaln_index[row];
+      const bool guarded = idx < 0 || idx >= gate_rows;
+      const u16* gate_row = gate + (guarded ? 0 : idx) * gate_stride;
   #pragma unroll
       for (int h = 0; h < 2; ++h)
   #pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {
-          const int row = row0 + 64 * h + 8 * rh;
-          if (row >= M) continue;
+        for (int j0 = 0; j0 < HALF_N / 8; j0 += FC2_EPI_BLOCKS) {
           u32 res[FC2_EPI_BLOCKS];
-          u16 gates[FC2_EPI_BLOCKS][2];
+          u16 gates[FC2_EPI_BLOCKS][2];  // scalar loads: the scale vectors may start at any float
+          float w_scale[FC2_EPI_BLOCKS][2];
   #pragma unroll
           for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
-            const int col = col0 + 8 * (j0 + j);
+            const int col = col0 + h * HALF_N + 8 * (j0 + j);
             res[j] = *reinterpret_cast<const u32*>(residual + (i64)row * HIDDEN + col);
   #pragma unroll
-            for (int e = 0; e < 2; ++e) gates[j][e] = gate_row[h][rh][col + e];
+            for (int e = 0; e < 2; ++e) {
+              gates[j][e] = gate_row[col + e];
+              w_scale[j][e] = w2_scale[col + e];
+            }
           }
   #pragma unroll
           for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
-            const int col = col0 + 8 * (j0 + j);
+            const int col = col0 + h * HALF_N + 8 * (j0 + j);
             // computed on guarded rows too and then not taken (a select, not a branch: inside a
             // branch ptxas moved the gate and scale loads back next to their use)
             // both columns' roundings in one conversion each (the same RN bits as one at a time)
             float o[2], go[2];
   #pragma unroll
-            for (int e = 0; e < 2; ++e) o[e] = (acc[h][4 * (j0 + j) + 2 * rh + e] * sy[h][rh]) * w_scale[j][e];
+            for (int e = 0; e < 2; ++e) o[e] = (acc[h][4 * (j0 + j) + 2 * rh + e] * sy) * w_scale[j][e];
             round_bf16x2(o);
   #pragma unroll
             for (int e = 0; e < 2; ++e) go[e] = f32_from_bf16(gates[j][e]) * o[e];
             round_bf16x2(go);
             u32 packed = bf16x2_from_f32(f32_from_bf16((u16)res[j]) + go[0],
                                          f32_from_bf16((u16)(res[j] >> 16)) + go[1]);
-            packed = guarded[h][rh] ? res[j] : packed;
+            packed = guarded ? res[j] : packed;
             *reinterpret_cast<u32*>(out + (i64)row * HIDDEN + col) = packed;
           }
         }

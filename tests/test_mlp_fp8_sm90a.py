@@ -31,15 +31,12 @@ def test_the_build_is_a_value():
     assert build == hopper.SHIPPED and hash(build) == hash(hopper.MlpBuild())
     assert hopper.shipped_builds("sm_90a") == (build,) and hopper.shipped_builds("sm_90") == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        build.a_stages = 3
+        build.stages = 3
     d = build.defines()
-    assert d["H3_A_STAGES"] == 8 and d["H3_B_STAGES"] == 3 and d["H3_LAG_SLICES"] == 4
-    assert d["H3_BK"] == hopper.BK and d["H3_HIDDEN"] == HIDDEN
-    # A slices of 128 x 128 bytes, each consumer's B slices of 128 x 128, and the alignment slack
-    assert build.dynamic_smem(hopper.FC1) == build.dynamic_smem(hopper.FC2) == (8 + 2 * 3) * 128 * 128 + 1024
-    assert build.dynamic_smem(hopper.FC1) + 1024 <= 227 * 1024  # with the static barriers: the opt-in limit
+    assert d["H3_STAGES"] == 4 and d["H3_BK"] == hopper.BK and d["H3_HIDDEN"] == HIDDEN
+    assert build.dynamic_smem(hopper.FC1) == build.dynamic_smem(hopper.FC2) == 4 * (128 + 256) * 128 + 1024
     assert build.dynamic_smem(hopper.QUANT) == 0
-    assert hopper.MlpBuild(a_stages=6, b_stages=4).dynamic_smem(hopper.FC2) == (6 + 2 * 4) * 128 * 128 + 1024
+    assert hopper.MlpBuild(stages=3).dynamic_smem(hopper.FC2) == 3 * (128 + 256) * 128 + 1024
     assert all(isinstance(build.kernel_params(k), launcher.ParamStruct) for k in build.kernels)
 
 
@@ -191,7 +188,7 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     fc1 = hopper.launch_fc1(call, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, split=1 << 20)
     assert (fc1.stream_ptr, fc1.grid, fc1.block) == (7, (132, 1), hopper.GEMM_THREADS)
     v = fc1.values
-    assert (v.map_a, v.map_w1) == ((0x10, 3000, hopper.BM), (0x30, FC1_OUT, hopper.BN // 2))
+    assert (v.map_a, v.map_w1) == ((0x10, 3000, hopper.BM), (0x30, FC1_OUT, hopper.BN))
     assert (v.a_scale, v.w1_scale, v.y, v.M) == (0x20, 0x40, 0x50, 3000)
     p = hopper.plan(0, 3000)
     assert (v.split_whole, v.split_parts) == p.split[0][1:] and v.split_parts == 2

@@ -23,9 +23,8 @@ ARCHS = (ARCH,)  # what compile_check builds this source for
 FC1, FC2, QUANT = "h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma", "h3_mlp_y_quant"
 
 # The tile geometry the warpgroup roles are written for (the source asserts it):
-BM = 128  # rows of an output tile (each consumer warpgroup computes all of them)
-BN = 256  # columns of an output tile, 128 per consumer (FC1: prepacked, 128 logical y columns); FFN and
-# HIDDEN are multiples
+BM = 128  # rows of an output tile: 2 consumer warpgroups x 64
+BN = 256  # columns of an output tile (FC1: prepacked, 128 logical y columns); FFN and HIDDEN are multiples
 BK = 128  # bytes of K per ring stage: one 128B-swizzled row, and the K span summed inside the tensor core
 GEMM_THREADS = 384  # a producer warpgroup and two consumer warpgroups
 
@@ -46,13 +45,7 @@ _PARAMS = {
 @dataclasses.dataclass(frozen=True)
 class MlpBuild:
     """A build of cuda_src/mlp_fp8_sm90a.cu; the defaults are the one that ships."""
-    # TMA rings: A_STAGES slices of A (16 KiB each), shared by the two consumers, and B_STAGES
-    # slices of each consumer's half of B (16 KiB each): 8 + 2 x 3 slices, 224 KiB of the 227
-    a_stages: int = 8
-    b_stages: int = 3
-    # slices consumer 1 starts each tile behind consumer 0, so that each one's epilogue runs while
-    # the other has the tensor core; under a_stages (consumer 0 can run that far ahead of consumer 1)
-    lag_slices: int = 4
+    stages: int = 4  # TMA ring depth: 4 x 48 KiB
     group_m: int = 16  # m-tiles per band of the persistent walk, so the tiles in flight share L2 operands
     producer_regs: int = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
     # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
@@ -69,8 +62,7 @@ class MlpBuild:
 
     def defines(self):
         """The -D constants of the source (H3_ and the names of its constants)."""
-        d = dict(BM=BM, BN=BN, BK=BK, A_STAGES=self.a_stages, B_STAGES=self.b_stages,
-                 LAG_SLICES=self.lag_slices, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
+        d = dict(BM=BM, BN=BN, BK=BK, STAGES=self.stages, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
                  CONSUMER_REGS=self.consumer_regs, FC1_EPI_BLOCKS=self.fc1_epi_blocks,
                  FC2_EPI_BLOCKS=self.fc2_epi_blocks, QUANT_THREADS=self.quant_threads, HIDDEN=HIDDEN, FFN=FFN,
                  FC1_OUT=FC1_OUT)
@@ -80,8 +72,8 @@ class MlpBuild:
         return _PARAMS[name]
 
     def dynamic_smem(self, name):
-        """A GEMM CTA's rings, plus room to align them to 1024 bytes; the quantization needs none."""
-        return (self.a_stages * BM + 2 * self.b_stages * (BN // 2)) * BK + 1024 if name in (FC1, FC2) else 0
+        """A GEMM CTA's ring, plus room to align it to 1024 bytes; the quantization needs none."""
+        return self.stages * (BM + BN) * BK + 1024 if name in (FC1, FC2) else 0
 
 
 SHIPPED = MlpBuild()
@@ -179,7 +171,7 @@ def workspace(call, m):
 # launcher then keeps instead of packing it again.
 @functools.lru_cache(maxsize=256)
 def fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
-    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, BN // 2, BK),
+    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, BN, BK),
                         a_scale=a_scale, w1_scale=w1_scale, y=y, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
 
@@ -192,7 +184,7 @@ def quant_values(y, y_q, y_scale):
 @functools.lru_cache(maxsize=256)
 def fc2_values(m, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual, out,
                split_whole, split_parts, partials, counters):
-    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, BN // 2, BK),
+    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, BN, BK),
                         y_scale=y_scale, w2_scale=w2_scale, gate=gate, gate_stride=gate_stride, gate_rows=gate_rows,
                         adaln_index=adaln_index, residual=residual, out=out, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
