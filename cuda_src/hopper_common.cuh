@@ -83,6 +83,14 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inne
       : "memory");
 }
 
+// The box of `map` at (inner, outer) into L2 alone, completing nowhere: a later load of it then
+// waits for L2 instead of DRAM.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const TmaMap* map, int inner, int outer) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)map), "r"(inner),
+               "r"(outer)
+               : "memory");
+}
+
 // --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
 template <int N>
 __device__ __forceinline__ void regs_dealloc() {
@@ -229,21 +237,6 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3_rs(float (&d)[64], const u
                            accumulate);
 }
 
-// The 64 x 64 x 32 step of wgmma_m64n64k32_e4m3 with A from registers, in the fragment of
-// wgmma_m64n128k32_e4m3_rs (B by descriptor).
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3_rs(float (&d)[32], const u32 (&a)[4], u64 desc_b, int accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
 // d (+)= A . B^T for a 64 x 8 x 32 step, A from registers as above, B [8 rows, 32 K] in shared
 // memory: 4 registers a thread, row 16 w + l / 4 + 8 (i / 2), column 2 (l % 4) + i % 2.
 __device__ __forceinline__ void wgmma_m64n8k32_e4m3_rs(float (&d)[4], const u32 (&a)[4], u64 desc_b,

@@ -36,7 +36,6 @@ struct WorkUnit {
 // the launch layer's work_split counts a part.
 static constexpr int PART_SLICES = 256 / BK;
 static_assert(HIDDEN % (PART_SLICES * BK) == 0 && FFN % (PART_SLICES * BK) == 0, "split parts divide both K");
-static_assert(PART_SLICES % 2 == 0, "the main loop takes two slices a pass: every unit's slices are an even number");
 
 __device__ __forceinline__ WorkUnit work_unit(int u, const SplitK& split, int slices) {
   if (u < split.whole) return {u, -1, 0, slices};
@@ -121,6 +120,10 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
         tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
 #pragma unroll 1
         for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
+          // B's slice L2_AHEAD further on, into L2 now: where the weights stream from DRAM (few
+          // rows, short units), the ring's few stages alone do not cover its latency
+          if constexpr (L2_AHEAD > 0)
+            if (kb + L2_AHEAD < w.kb_end) tma_prefetch_l2_2d(map_b, (kb + L2_AHEAD) * BK, n0);
           mbar_wait(&empty[ring.index], ring.phase ^ 1);
           mbar_arrive_expect_tx(&full[ring.index], STAGE_BYTES);
           const u32 dst = base + ring.index * STAGE_BYTES;
@@ -139,20 +142,11 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
   // the stage read next, and the oldest stage still read: released in ring order, one slice behind
   PipelineState<STAGES> ring, held;
-  // A comes into registers once per slice and feeds all four quarters, which then read only B
-  // from shared memory: 40 KiB of shared-memory reads a slice and warpgroup instead of 64. Each
-  // warp loads its 16 rows of the slice's A with four ldmatrix: lane l gives row
-  // (l % 8) + 8 ((l / 8) % 2) of matrix l / 8, 16-byte chunk 2 k + l / 16 of the swizzled row
-  // (hopper_common.cuh), so k32 step k's address is step 0's XOR 32 k. Two register sets, a
-  // slice each in turn, so that loading one never waits for the wgmmas reading the other.
-  const int a_row = 64 * consumer + 16 * ((threadIdx.x & 127) >> 5) + (lane & 7) + 8 * ((lane >> 3) & 1);
-  const u32 a_lane = a_row * BK + (((lane >> 4) ^ (lane & 7)) << 4);
   // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
   // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
   float part[2][32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
-  u32 a_frag[2][BK / 32][4];
   for (int unit = first_unit; unit < units; unit += unit_step) {
     const WorkUnit w = work_unit(unit, split, K / BK);
     int m0, n0;
@@ -162,57 +156,49 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
-    int kb = w.kb_begin;  // every unit has an even number of slices, at least two
+    int kb = w.kb_begin;  // every unit has at least one slice
 #pragma unroll 1
     do {
+      mbar_wait(&full[ring.index], ring.phase);
+      // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
+      // 64 rows of B)
+      const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
+      const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
 #pragma unroll
-      for (int u = 0; u < 2; ++u, ++kb) {  // two slices a pass: A register set u
-        mbar_wait(&full[ring.index], ring.phase);
-        const u32 stage = base + ring.index * STAGE_BYTES;
-        // set u was last read by the slice before the previous one, whose last quarter the
-        // previous slice's first wait covered
+      for (int q = 0; q < 4; ++q) {
+        wgmma_fence();
 #pragma unroll
         for (int k = 0; k < BK / 32; ++k)
-          ldmatrix_x4((stage + a_lane) ^ (32 * k), a_frag[u][k][0], a_frag[u][k][1], a_frag[u][k][2], a_frag[u][k][3]);
-        // the slice's B descriptor once, then stepped by adds (a k32 step is 32 bytes, a quarter
-        // 64 rows of B)
-        const u32 b_lo = wgmma_desc_lo(stage + A_BYTES);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_m64n64k32_e4m3_rs(part[q & 1], a_frag[u][k], wgmma_desc_at(b_lo, q * 64 * BK + 32 * k), k);
-          wgmma_commit();
-          wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
-          const int pq = (q + 3) & 3;  // its quarter
-          if (q > 0 || kb > w.kb_begin) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
-              acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
-            }
-          }
-          // A stage is released only once the wait above covers its slice's last quarter: the
-          // previous slice's, at this slice's first quarter.
-          if (q == 0 && kb > w.kb_begin) {
-            if (lane == 0) mbar_arrive(&empty[held.index]);
-            held.advance();
-          }
-        }
-        if (kb == w.kb_end - 1) {  // the unit's last quarter
-          wgmma_wait<0>();
+          wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * 64 * BK + 32 * k), k);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
+        const int pq = (q + 3) & 3;  // its quarter
+        if (q > 0 || kb > w.kb_begin) {
 #pragma unroll
           for (int i = 0; i < 32; ++i) {
-            fence_regs(part[1][i]);
-            acc[1][32 + i] += part[1][i];
+            fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
+            acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
           }
+        }
+        // A stage is released only once the wait above covers its slice's last quarter: the
+        // previous slice's, at this slice's first quarter.
+        if (q == 0 && kb > w.kb_begin) {
           if (lane == 0) mbar_arrive(&empty[held.index]);
           held.advance();
         }
-        ring.advance();
       }
-    } while (kb < w.kb_end);
+      if (kb == w.kb_end - 1) {  // the unit's last quarter
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          fence_regs(part[1][i]);
+          acc[1][32 + i] += part[1][i];
+        }
+        if (lane == 0) mbar_arrive(&empty[held.index]);
+        held.advance();
+      }
+      ring.advance();
+    } while (++kb < w.kb_end);
     // a split tile's parts but its last end here (combine_parts)
     if (w.part < 0 || combine_parts(acc, split, w.part, w.tile - split.whole, consumer))
       epilogue(acc, m0 + 64 * consumer, n0);

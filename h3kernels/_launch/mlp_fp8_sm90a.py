@@ -57,6 +57,8 @@ class MlpBuild:
     fc1_epi_blocks: int = 8
     fc2_epi_blocks: int = 8
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)
+    # K slices of B the producer asks L2 for ahead of its loads (0: none)
+    l2_ahead: int = 0
 
     kernels: ClassVar[tuple] = (FC1, FC2, QUANT)
 
@@ -65,7 +67,7 @@ class MlpBuild:
         d = dict(BM=BM, BN=BN, BK=BK, STAGES=self.stages, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
                  CONSUMER_REGS=self.consumer_regs, FC1_EPI_BLOCKS=self.fc1_epi_blocks,
                  FC2_EPI_BLOCKS=self.fc2_epi_blocks, QUANT_THREADS=self.quant_threads, HIDDEN=HIDDEN, FFN=FFN,
-                 FC1_OUT=FC1_OUT)
+                 FC1_OUT=FC1_OUT, L2_AHEAD=self.l2_ahead)
         return {f"H3_{k}": v for k, v in d.items()}
 
     def kernel_params(self, name):
