@@ -83,13 +83,14 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inne
       : "memory");
 }
 
-// The box of `map` at (inner, outer) into L2 alone, completing nowhere: a later load of it then
-// waits for L2 instead of DRAM.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const TmaMap* map, int inner, int outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((u64)map), "r"(inner),
-               "r"(outer)
-               : "memory");
-}
+// --- programmatic dependent launch (h3kernels/_runtime/launcher.py, launch(dependent=True)) --
+// A kernel so launched may start while the kernel before it on the stream still runs: it waits
+// for that kernel to complete, its writes visible, before it touches what that kernel writes or
+// reads. Launched otherwise, the wait returns at once.
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the next kernel on the stream, if launched dependent, start its CTAs (which then wait as
+// above) as soon as SMs are free, instead of once this whole grid has exited.
+__device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
 template <int N>

@@ -52,7 +52,7 @@ def test_kernel_alone_replays_the_attention_kernels_launch_record(stand_ins):
     assert isinstance(call, FakeCall) and set(call.named) >= {"q", "k", "v", "cu_seqlens"}
     assert args[:3] == [q, q, q] and args[3] is cu and args[4:] == [(0, 3), 2, 0.125]
     assert out.shape == (3, 2, 128) and form == 3 and lse is None and launched == []
-    assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",))]
+    assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",), False)]
     assert restored == ["previous", "previous"] and replay.arrays[:2] == (q, out) and replay.arrays[2] == "scratch"
     attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3], form=0)
     assert runs[-1][-3] == 0  # the form
