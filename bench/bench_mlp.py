@@ -10,6 +10,9 @@ Per M (default 256, 2048, 16384, 65536), on the current GPU:
                torch._scaled_mm rowwise (scale_a [M, 1], scale_b [1, N] f32, bf16 out)
   fp8 compile  torch.compile (default mode) of the fp8 eager function, M marked dynamic (one compile)
   GEMMs        the two bare _scaled_mm calls of fp8 eager (pre-quantized inputs), nothing else
+  FC1 / FC2    each GEMM alone, ours (the wgmma family: its launch replayed on the operands one
+               call left in its workspaces) and _scaled_mm's, with its own FLOPs (2*M*5376*28672,
+               2*M*14336*5376) and share of the ceiling
   ceiling      the e4m3 ceiling of the instruction family of the form the operator runs (--form,
                default -1: the wgmma family on compute capability 9.0, mma.sync elsewhere;
                h3kernels.cli.bench.ceiling_tflops)
@@ -36,7 +39,7 @@ from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
 from h3kernels.constants import FFN, HIDDEN
 from h3kernels.testing.timing import mlp_flops
-from h3kernels.testing.timing import median_ms, median_ms_batched
+from h3kernels.testing.timing import median_ms, median_ms_batched, mlp_gemms_alone
 
 from bench_common import ceiling_tflops, elapsed, log, short
 
@@ -143,6 +146,20 @@ def time_both(fn, sets, reps, batch):
                 stream_ms=median_ms_batched(call, batch=batch, warmup=1, reps=max(3, reps // 2), setup=setup))
 
 
+def gemm_alone(res, key, fns, m, batch, reps):
+    """FC1 and FC2 alone (fns: two functions, each launching one GEMM) into res[key]: fc1_ms, fc2_ms
+    and their TFLOP/s, each with its own FLOPs."""
+    try:
+        for name, fn, flops in zip(("fc1", "fc2"), fns, (2 * m * HIDDEN * 2 * FFN, 2 * m * FFN * HIDDEN)):
+            ms = median_ms_batched(fn, batch=batch, warmup=1, reps=max(3, reps // 2))
+            res[key].update({f"{name}_ms": ms, f"{name}_tflops": flops / ms / 1e9})
+        log(f"  {key:12s} alone: FC1 {res[key]['fc1_ms']:.3f} ms ({res[key]['fc1_tflops']:.0f} TFLOP/s), "
+            f"FC2 {res[key]['fc2_ms']:.3f} ms ({res[key]['fc2_tflops']:.0f} TFLOP/s)")
+    except Exception as err:
+        res[key]["gemms_alone_error"] = short(err)
+        log(f"  {key:12s} GEMMs alone failed: {short(err)}")
+
+
 def run_m(m, st, args):
     dev = torch.device("cuda")
     flops = mlp_flops(m)
@@ -213,6 +230,10 @@ def run_m(m, st, args):
                     f"{mem_ms * 1e3:.1f} us = {mem_ms / ours_ms:.3%}; allocations per warm call: torch "
                     f"{res['ours']['torch_allocs_per_call']}, CuPy {cnt.n} ({cnt.bytes} B); first call "
                     f"{res['ours_first_call_s']:.1f} s")
+                if args.form_family == "wgmma":
+                    gemm_alone(res, "ours", mlp_gemms_alone(*sets[0], *w, {k: v for k, v in ws.items()
+                                                                           if k.startswith("workspace_") and
+                                                                           k != "workspace_flags"}), m, batch, reps)
         except Exception as err:
             res["ours"] = dict(error=short(err))
             log(f"  ours failed: {short(err)}")
@@ -250,6 +271,9 @@ def run_m(m, st, args):
     try:
         gsets = [fp8_gemm_inputs(*s[:5], w1q, w1s) for s in sets]
         record("gemms", lambda g: (fc1_fp8(g[0], g[1], w1q, w1s), fc2_fp8(g[2], g[3], w2q, w2s)), gsets)
+        g = gsets[0]
+        gemm_alone(res, "gemms", (lambda: fc1_fp8(g[0], g[1], w1q, w1s), lambda: fc2_fp8(g[2], g[3], w2q, w2s)), m,
+                   batch, reps)
         del gsets
     except Exception as err:
         res["gemms"] = dict(error=short(err))
@@ -313,6 +337,20 @@ def table(results, ceil, form, device):
                 cell = "failed" if "error" in p and "skipped" not in p["error"] else "-"
             line += f" {cell:>18}"
         lines.append(line)
+    if any("fc1_ms" in r.get("ours", {}) for r in results):
+        lines.append(f"{'M':>6} | each GEMM alone, ms (TFLOP/s, % of the ceiling; ours / _scaled_mm)")
+        for r in results:
+            o, g = r.get("ours", {}), r.get("gemms", {})
+            cells = []
+            for name in ("fc1", "fc2"):
+                if f"{name}_ms" not in o:
+                    continue
+                tf = o[f"{name}_tflops"]
+                cell = f"{name.upper()} {o[name + '_ms']:.3f} ({tf:.0f}" + (f", {tf / ceil:.1%}" if ceil else "") + ")"
+                if f"{name}_ms" in g:
+                    cell += f" vs {g[name + '_ms']:.3f} ({tf / g[name + '_tflops']:.2f}x)"
+                cells.append(cell)
+            lines.append(f"{r['m']:>6} | " + "   ".join(cells))
     if any("error" in r.get("ours", {}) for r in results):
         lines.append("ours: " + next(r["ours"]["error"] for r in results if "error" in r.get("ours", {})))
     return lines
@@ -329,6 +367,12 @@ def summary(results, ceil, form):
                 e["pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
             if "row_plus_memset_share" in o:
                 e["row_memset_pct"] = round(100 * o["row_plus_memset_share"], 2)
+            for name in ("fc1", "fc2"):
+                if f"{name}_ms" in o:
+                    e[f"ours_{name}_ms"] = round(o[f"{name}_ms"], 4)
+                    e[f"ours_{name}_tf"] = round(o[f"{name}_tflops"], 1)
+                if f"{name}_ms" in r.get("gemms", {}):
+                    e[f"scaled_mm_{name}_ms"] = round(r["gemms"][f"{name}_ms"], 4)
         for key, _ in PEERS:
             if "tflops" in r.get(key, {}):
                 e[key + "_tf"] = round(r[key]["tflops"], 1)
@@ -358,6 +402,12 @@ def main():
     if st["op_why"]:
         log("minimax_h3_mlp_fp8 " + st["op_why"])
     form = op_form(dev_id, args.form)
+    try:
+        from h3kernels._runtime.targets import form_family
+
+        args.form_family = form_family(form)
+    except Exception:
+        args.form_family = None
 
     # weights: bf16 logical; ours prepacked; torch peers quantized per channel in logical order
     g = torch.Generator(device=dev).manual_seed(123)

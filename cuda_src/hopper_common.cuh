@@ -83,15 +83,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inne
       : "memory");
 }
 
-// --- programmatic dependent launch (h3kernels/_runtime/launcher.py, launch(dependent=True)) --
-// A kernel so launched may start while the kernel before it on the stream still runs: it waits
-// for that kernel to complete, its writes visible, before it touches what that kernel writes or
-// reads. Launched otherwise, the wait returns at once.
-__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-// Lets the next kernel on the stream, if launched dependent, start its CTAs (which then wait as
-// above) as soon as SMs are free, instead of once this whole grid has exited.
-__device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-
 // --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
 template <int N>
 __device__ __forceinline__ void regs_dealloc() {

@@ -229,8 +229,6 @@ extern "C" __global__ void __launch_bounds__(QUANT_THREADS) h3_mlp_y_quant(const
   u8* y_q = p.y_q;
   float* y_scale = p.y_scale;
   __shared__ u32 warp_max[QUANT_THREADS / 32];
-  allow_next_kernel();
-  wait_for_previous_kernel();  // y comes from FC1
   const i64 row = blockIdx.x;
   const uint4* src = reinterpret_cast<const uint4*>(y + row * FFN) + threadIdx.x;
   uint4 v[QUANT_VECS];

@@ -107,7 +107,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     mbar_init_fence();
   }
   __syncthreads();
-  allow_next_kernel();  // its CTAs fit on an SM only once this kernel's CTA there has exited
 
   if (wg == 0) {
     regs_dealloc<PRODUCER_REGS>();
@@ -115,31 +114,12 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       tma_prefetch_map(map_a);
       tma_prefetch_map(map_b);
       PipelineState<STAGES> ring;
-      bool first = true;
       for (int unit = first_unit; unit < units; unit += unit_step) {
         const WorkUnit w = work_unit(unit, split, K / BK);
         int m0, n0;
         tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
-        int kb = w.kb_begin;
-        if (first) {
-          // The ring's first slices of B (weights, which no kernel before this one writes) are
-          // asked for before the wait for the previous kernel, which writes A; their A after it.
-          // Each stage's one expected transaction count covers both boxes.
-          first = false;
-          const int early = min(STAGES, w.kb_end - w.kb_begin);
-          for (int i = 0; i < early; ++i) {
-            mbar_arrive_expect_tx(&full[i], STAGE_BYTES);
-            tma_load_2d(base + i * STAGE_BYTES + A_BYTES, map_b, (kb + i) * BK, n0, &full[i]);
-          }
-          wait_for_previous_kernel();
-          for (int i = 0; i < early; ++i) {
-            tma_load_2d(base + i * STAGE_BYTES, map_a, (kb + i) * BK, m0, &full[i]);
-            ring.advance();
-          }
-          kb += early;
-        }
 #pragma unroll 1
-        for (; kb < w.kb_end; ++kb) {
+        for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
           mbar_wait(&empty[ring.index], ring.phase ^ 1);
           mbar_arrive_expect_tx(&full[ring.index], STAGE_BYTES);
           const u32 dst = base + ring.index * STAGE_BYTES;
@@ -153,7 +133,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   }
 
   regs_alloc<CONSUMER_REGS>();
-  wait_for_previous_kernel();  // the epilogues read what the previous kernel wrote (a_scale, y_scale)
   // warp-uniform as the compiler sees it (a shuffle from lane 0), so the descriptors below live in
   // the uniform datapath instead of being moved there for every wgmma
   const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;

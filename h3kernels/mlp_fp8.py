@@ -128,11 +128,11 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                                address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"])
     previous = call.make_current()
     try:
-        if wgmma and split:  # before the row kernel: FC1 then follows a kernel, which its dependent launch needs
-            call.zero(split, plan.counter_bytes)
         launch.launch_row_at(call, m, row)
         if not wgmma:
             launch.zero_flags(call, m, ptr["flags"])
+        elif split:
+            call.zero(split, plan.counter_bytes)
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
                           address["fc1_weight_scale"], ptr["y"], split)
         launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], address["fc2_weight_q"],

@@ -58,10 +58,17 @@ def main():
         if cudnn is not None:  # as bench_attention.py times it: batched where the segments allow
             work.append((label, cudnn, flops))
         work.append(("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None))
+    report(work, os.path.join(out_dir, "attention_power.csv"),
+           f"set {args.set}, 56 heads, {args.inputs} inputs")
+
+
+def report(work, csv, what):
+    """Runs each (name, function, FLOPs or None) of `work` for SECONDS while nvidia-smi samples
+    the SM clock, the board power and the clock-event reasons into `csv`, then prints per
+    workload its time per call (and TFLOP/s) beside the clock and power from 0.5 s into it."""
     for _, f, _ in work:  # compiles and warm-up outside the sampled time
         f()
     torch.cuda.synchronize()
-    csv = os.path.join(out_dir, "attention_power.csv")
     with open(csv, "w") as log:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
                                 "--format=csv,noheader", "-lms", "50"], stdout=log)
@@ -95,7 +102,7 @@ def main():
             pass
     limit = subprocess.run(["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm", "--format=csv,noheader"],
                            capture_output=True, text=True).stdout.strip()
-    print(f"{limit}; set {args.set}, 56 heads, {args.inputs} inputs; samples from 0.5 s into each workload")
+    print(f"{limit}; {what}; samples from 0.5 s into each workload")
     for name, a, b, ms, fl in marks:
         sel = [r for r in rows if a + datetime.timedelta(seconds=0.5) <= r[0] <= b]
         if not sel:
@@ -105,6 +112,8 @@ def main():
         rate = f", {fl / (ms * 1e-3) / 1e12:.0f} TFLOP/s" if fl else ""
         print(f"{name}: {ms:.3f} ms a call{rate}; SM clock median {np.median(clock):.0f} MHz (min {min(clock):.0f}), "
               f"power median {np.median(power):.0f} W (max {max(power):.0f}), reasons {sorted(set(r[3] for r in sel))}")
+
+
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 one public call leaves in its workspaces (real activations, not random bytes), and checks that
 every build gives the shipped build's y and out bit for bit.
 
-    python lab/mlp_gemm_time.py [--rows 16384 4096 256] [--builds "MlpBuild()" "MlpBuild(lag_slices=2)"]
+    python lab/mlp_gemm_time.py [--rows 16384 4096 256] [--builds "MlpBuild()" "MlpBuild(group_m=8)"]
                                 [--json out.jsonl] [--label NAME]
 
 Each figure: the median of back-to-back launches between CUDA events (median_ms_batched), in ms,

@@ -170,11 +170,10 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
         def __init__(self, name, build):
             self.name, self.build = name, build
 
-        def launch(self, stream_ptr, grid, block, values, dependent=False):
+        def launch(self, stream_ptr, grid, block, values):
             launched.append(self.name)
             assert isinstance(values, tuple) and type(values).__name__ == self.build.kernel_params(self.name).c_name
-            assert dependent  # each waits for the kernel before it itself (griddepcontrol.wait)
-            return launcher.LaunchRecord(self, stream_ptr, grid, block, values, dependent)
+            return launcher.LaunchRecord(self, stream_ptr, grid, block, values)
 
     monkeypatch.setattr(hopper, "kernel", lambda device_id, name, build: Kernel(name, build))
     monkeypatch.setattr(hopper, "tensor_map",

@@ -1,5 +1,6 @@
 """h3kernels.testing.timing's host-side pieces, on the CPU: the attention kernel's launch record
-replayed (the call's launch layer stood in for), and the passes' byte counts."""
+replayed and the MLP's GEMMs launched alone (the launch layers stood in for), and the passes'
+byte counts."""
 import pytest
 import torch
 
@@ -52,7 +53,7 @@ def test_kernel_alone_replays_the_attention_kernels_launch_record(stand_ins):
     assert isinstance(call, FakeCall) and set(call.named) >= {"q", "k", "v", "cu_seqlens"}
     assert args[:3] == [q, q, q] and args[3] is cu and args[4:] == [(0, 3), 2, 0.125]
     assert out.shape == (3, 2, 128) and form == 3 and lse is None and launched == []
-    assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",), False)]
+    assert replay() == "again" and launched == [(7, (132, 1), 384, ("values",))]
     assert restored == ["previous", "previous"] and replay.arrays[:2] == (q, out) and replay.arrays[2] == "scratch"
     attention_kernel_alone(q, q, q, torch.tensor([0, 3], dtype=torch.int32), [0, 3], form=0)
     assert runs[-1][-3] == 0  # the form
@@ -72,3 +73,33 @@ def test_quant_pass_bytes_count_what_each_pass_moves():
     assert b["q_kernel"] == 3 * e + 4 * 16384 * 56
     assert b["kv_block_kernel"] == 4 * e + 2 * 128 * 56 * 128 * 4
     assert sum(b.values()) > least
+
+
+def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):
+    import h3kernels
+    from h3kernels._launch import mlp_fp8_sm90a as hopper
+    from h3kernels.testing.timing import mlp_gemms_alone
+
+    calls, launched, restored = [], [], []
+    monkeypatch.setattr(h3kernels, "minimax_h3_mlp_fp8", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(arrays, "Call", FakeCall)
+    monkeypatch.setattr(arrays, "restore", restored.append)
+    monkeypatch.setattr(arrays, "data_ptr", lambda t: id(t))
+    monkeypatch.setattr(hopper, "workspace", lambda call, m: "split")
+    monkeypatch.setattr(hopper, "launch_fc1", lambda call, *a, split: launched.append(("fc1", a, split)) or "r1")
+    monkeypatch.setattr(hopper, "launch_fc2_gemm", lambda call, *a, split: launched.append(("fc2", a, split)) or "r2")
+    named = "x wn sc sh idx gate resid q1 s1 q2 s2".split()
+    t = {n: torch.zeros(5, 4) if n in ("x", "resid") else torch.zeros(1) for n in named}
+    ws = {k: torch.zeros(1) for k in ("workspace_a_q", "workspace_a_scale", "workspace_y", "workspace_y_q",
+                                      "workspace_y_scale")}
+    fc1, fc2 = mlp_gemms_alone(*t.values(), ws)
+    (args, kw), = calls  # one call of the operator, form 3, into the workspaces
+    assert args == tuple(t.values()) and kw == dict(fp8_mma_form=3, **ws) and launched == []
+    assert fc1() == "r1" and fc2() == "r2" and restored == ["previous", "previous"]
+    (n1, a1, s1), (n2, a2, s2) = launched
+    assert (n1, s1, n2, s2) == ("fc1", id("split"), "fc2", id("split"))
+    ptr = {k: id(v) for k, v in ws.items()}
+    assert a1 == (5, ptr["workspace_a_q"], ptr["workspace_a_scale"], id(t["q1"]), id(t["s1"]), ptr["workspace_y"])
+    assert a2[:5] == (5, ptr["workspace_y_q"], ptr["workspace_y_scale"], id(t["q2"]), id(t["s2"]))
+    assert a2[5] is t["gate"] and a2[6:8] == (id(t["idx"]), id(t["resid"])) and fc2.arrays[1].shape == (5, 4)
+    assert a2[8] == id(fc2.arrays[1])  # out: a tensor of the function's own

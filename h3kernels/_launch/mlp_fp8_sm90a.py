@@ -4,10 +4,7 @@ cuda_src/mlp_fp8_sm90a.cu on wgmma with TMA loads, and its y quantization kernel
 A build is a value (MlpBuild: the source's constants, its kernels' parameter structs and shared
 memory); the shipped one is MlpBuild(). A caller opens an arrays.Call and makes its device
 current first (h3kernels/mlp_fp8.py does both); h3kernels/_launch/mlp_fp8.py sends form 3 here.
-Every launch function returns the LaunchRecord(s) of its launches. All three kernels are launched
-dependent (launcher.py): each may start while the kernel before it on the stream still runs, and
-waits for it (griddepcontrol.wait) before touching its results; the GEMMs load their first slices
-of weights before that wait.
+Every launch function returns the LaunchRecord(s) of its launches.
 """
 import dataclasses
 import functools
@@ -200,14 +197,14 @@ def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=None, build=SHIPP
     fc1 = kernel(call.device_id, FC1, build)
     ctas, split_fields, _held = walk(call, m, 0, split)
     return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
-                      fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, *split_fields), dependent=True)
+                      fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
 
 
 def launch_y_quant(call, m, y, y_q, y_scale, build=SHIPPED):
     """y_q, y_scale <- the per-token e4m3 quantization of y (addresses), one CTA per row.
     Returns the LaunchRecord."""
     return kernel(call.device_id, QUANT, build).launch(call.stream_ptr, (m, 1), build.quant_threads,
-                                                       quant_values(y, y_q, y_scale), dependent=True)
+                                                       quant_values(y, y_q, y_scale))
 
 
 def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, split=None,
@@ -219,7 +216,7 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     ctas, split_fields, _held = walk(call, m, 1, split)
     return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                       fc2_values(m, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
-                                 gate.shape[0], adaln_index, residual, out, *split_fields), dependent=True)
+                                 gate.shape[0], adaln_index, residual, out, *split_fields))
 
 
 def launch_fc2(call, m, y, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, residual, out, split=None,

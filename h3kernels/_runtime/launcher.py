@@ -13,15 +13,8 @@ its LaunchRecord (a small tuple: the only per-launch object).
 The driver copies the parameters during cuLaunchKernel (also under stream capture), so the
 buffer is reused as soon as the call returns; a lock keeps two threads from packing at once.
 The caller makes the kernel's device current (arrays.Call.make_current).
-
-A launch with `dependent=True` goes through cuLaunchKernelEx with programmatic stream
-serialization: the kernel may start while the kernel before it on the stream still runs, and must
-itself wait (griddepcontrol.wait) before it reads what that kernel writes or writes what it reads;
-the Hopper MLP kernels do, and so load their weights' first slices during the previous kernel's
-tail. After anything but a kernel it is an ordinary launch.
 """
 import collections
-import ctypes
 import struct
 import threading
 
@@ -78,40 +71,12 @@ class ParamStruct:
         return "\n".join(lines) + "\n"
 
 
-class LaunchRecord(collections.namedtuple("LaunchRecord", "kernel stream_ptr grid block values dependent",
-                                          defaults=(False,))):
+class LaunchRecord(collections.namedtuple("LaunchRecord", "kernel stream_ptr grid block values")):
     """One launch as the launcher issued it: replay() issues it again (the same kernel, stream,
-    grid, parameter values and dependent flag), which is how a bench times a kernel alone."""
+    grid and parameter values), which is how a bench times a kernel alone."""
 
     def replay(self):
-        return self.kernel.launch(self.stream_ptr, self.grid, self.block, self.values, self.dependent)
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
-                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
-                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
-                ("num_attrs", ctypes.c_uint)]
-
-
-_launch_ex = []  # cuLaunchKernelEx of the driver library, once loaded
-
-
-def launch_kernel_ex():
-    """The driver's cuLaunchKernelEx (ctypes; CuPy's driver module has no binding of it)."""
-    if not _launch_ex:
-        f = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-        f.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        f.restype = ctypes.c_int
-        _launch_ex.append(f)
-    return _launch_ex[0]
+        return self.kernel.launch(self.stream_ptr, self.grid, self.block, self.values)
 
 
 def pack_format(params):
@@ -155,16 +120,10 @@ class Kernel:
             from cupy_backends.cuda.api import driver
 
             self._launch = driver.launchKernel
-        # the configuration of a dependent launch (launch(dependent=True)), filled per launch
-        self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self._attr.value[0] = 1
-        self._config = _LaunchConfig(grid_z=1, block_y=1, block_z=1, smem=dynamic_smem, num_attrs=1)
-        self._config.attrs = ctypes.pointer(self._attr)
 
-    def launch(self, stream_ptr, grid, block, values, dependent=False):
+    def launch(self, stream_ptr, grid, block, values):
         """grid: (x, y) CTAs; block: threads (x only); values: the parameters, in order (a
-        ParamStruct's values for a struct kernel); dependent: a programmatic dependent launch
-        (the module's docstring). Returns the LaunchRecord."""
+        ParamStruct's values for a struct kernel). Returns the LaunchRecord."""
         with self._lock:
             # The buffer still holds the last tuple packed: a launch with that same tuple (the
             # launch layers reuse the tuples of repeated parameters) skips the packing. A tuple,
@@ -174,16 +133,9 @@ class Kernel:
                 self._packed = None  # a failed packing leaves the buffer matching no tuple
                 self._struct.pack_into(self._buf, 0, *values)
                 self._packed = values
-            if dependent:
-                c = self._config
-                c.grid_x, c.grid_y, c.block_x, c.stream = grid[0], grid[1], block, stream_ptr
-                err = launch_kernel_ex()(c, self.ptr, self._kernel_params, self._extra_ptr)
-                if err:
-                    raise RuntimeError(f"cuLaunchKernelEx: CUresult {err}")
-            else:
-                self._launch(self.ptr, grid[0], grid[1], 1, block, 1, 1, self.smem, stream_ptr,
-                             self._kernel_params, self._extra_ptr)
-        return LaunchRecord(self, stream_ptr, grid, block, values, dependent)
+            self._launch(self.ptr, grid[0], grid[1], 1, block, 1, 1, self.smem, stream_ptr, self._kernel_params,
+                         self._extra_ptr)
+        return LaunchRecord(self, stream_ptr, grid, block, values)
 
     def grid_cap(self, threads):
         """SMs x CTAs of `threads` threads resident per SM: the size of a persistent grid."""

@@ -171,6 +171,45 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
     return replay
 
 
+def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
+                    fc1_weight_scale, fc2_weight_q, fc2_weight_scale, workspaces):
+    """Runs one call of minimax_h3_mlp_fp8 with fp8_mma_form 3 (torch CUDA tensors; `workspaces`:
+    its workspace_a_q, workspace_a_scale, workspace_y, workspace_y_q and workspace_y_scale
+    keywords, which keep what the call computed) and returns (fc1, fc2): functions that launch its
+    FC1 GEMM (y from a_q) and its FC2 GEMM (out from y_q, into a tensor of their own) alone again
+    on those operands, with the call's work split. For the wgmma family only."""
+    import h3kernels
+    from h3kernels._launch import mlp_fp8_sm90a as hopper
+    from h3kernels._runtime import arrays
+    from h3kernels._runtime.arrays import data_ptr
+
+    h3kernels.minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual,
+                                 fc1_weight_q, fc1_weight_scale, fc2_weight_q, fc2_weight_scale, fp8_mma_form=3,
+                                 **workspaces)
+    m = x.shape[0]
+    call = arrays.Call(dict(x=x))
+    split = hopper.workspace(call, m)
+    split_ptr = None if split is None else data_ptr(split)
+    ws = {k: data_ptr(v) for k, v in workspaces.items()}
+    out = residual.new_empty(residual.shape)
+    args1 = (m, ws["workspace_a_q"], ws["workspace_a_scale"], data_ptr(fc1_weight_q), data_ptr(fc1_weight_scale),
+             ws["workspace_y"])
+    args2 = (m, ws["workspace_y_q"], ws["workspace_y_scale"], data_ptr(fc2_weight_q), data_ptr(fc2_weight_scale),
+             gate, data_ptr(adaln_index), data_ptr(residual), data_ptr(out))
+
+    def on_call_stream(launch, args):
+        def run():
+            previous = call.make_current()
+            try:
+                return launch(call, *args, split=split_ptr)
+            finally:
+                arrays.restore(previous)
+        run.arrays = (split, out)  # the launches hold their addresses
+        return run
+
+    return on_call_stream(hopper.launch_fc1, args1), on_call_stream(hopper.launch_fc2_gemm, args2)
+
+
 def occupy_gpu(ms):
     """Enqueues one kernel that keeps the GPU busy for about `ms` milliseconds on torch's
     current stream (it spins on the global timer, so clocks do not change its length)."""
