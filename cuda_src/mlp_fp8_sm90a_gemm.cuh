@@ -22,57 +22,26 @@
 // The work split of a persistent GEMM (the launch layer's work_split() picks it).
 struct SplitK {
   int whole;        // tiles taken whole: a multiple of the grid's CTAs, or all tiles
-  int parts;        // the most parts a later tile's K is cut into (its slots in partials); 1: none is
+  int parts;        // K ranges of each later tile (1: no tile is split)
   float* partials;  // per split tile, warpgroup and part: 128 x 128 FP32 sums
   int* counters;    // per split tile and warpgroup: parts done (0 before a launch, and the last
                     // part sets it back to 0)
 };
 struct WorkUnit {
-  int tile, part, parts;  // part -1: the whole tile; else part `part` of the tile's `parts`
-  int kb_begin, kb_end;   // its K slices
+  int tile, part;        // part -1: the whole tile
+  int kb_begin, kb_end;  // its K slices
 };
 
-// Split ranges fall on multiples of PART_SLICES slices (256 bytes of K, a "step"), the unit in
-// which the launch layer's work_split counts them.
-static constexpr int PART_SLICES = 256 / BK, MIN_RANGE_STEPS = 2;
+// Part boundaries fall on multiples of PART_SLICES slices (256 bytes of K), the unit in which
+// the launch layer's work_split counts a part.
+static constexpr int PART_SLICES = 256 / BK;
 static_assert(HIDDEN % (PART_SLICES * BK) == 0 && FFN % (PART_SLICES * BK) == 0, "split parts divide both K");
 
-// A CTA's walk: its whole tiles (blockIdx.x, + gridDim.x, ... below split.whole), then its range
-// of the last wave. The last wave's tiles are one range of `total` steps cut into equal
-// contiguous ranges, CTA c < ctas taking [c total / ctas, (c + 1) total / ctas): a range crosses
-// from one tile into the next, so a tile's K falls into parts, numbered in K order
-// (tail_parts() in h3kernels/_launch/mlp_fp8_sm90a.py is the same walk). Its units are indexed
-// 0 .. units - 1 (a counted loop, as ptxas needs around the wgmmas: a walk of early returns
-// serialized them, C7518).
-struct UnitWalk {
-  int whole_units, units;   // this CTA's whole tiles, and all its units
-  int g, g_end;             // its steps of the last wave
-  int steps, total, ctas;   // steps a tile, of the last wave, CTAs sharing it
-  // CTAs whose range starts at or before step x: #{c < ctas : c total / ctas <= x}
-  __device__ __forceinline__ int started(int x) const { return min(ctas, ((x + 1) * ctas + total - 1) / total); }
-};
-
-__device__ __forceinline__ UnitWalk start_walk(const SplitK& split, int tiles, int slices) {
-  UnitWalk s;
-  const int c = blockIdx.x, grid = gridDim.x;
-  s.whole_units = c < split.whole ? (split.whole - c + grid - 1) / grid : 0;
-  s.steps = slices / PART_SLICES;
-  s.total = (tiles - split.whole) * s.steps;
-  s.ctas = min(grid, s.total / MIN_RANGE_STEPS);
-  const bool tail = c < s.ctas;
-  s.g = tail ? c * s.total / s.ctas : 0;
-  s.g_end = tail ? (c + 1) * s.total / s.ctas : 0;
-  s.units = s.whole_units + (tail ? (s.g_end - 1) / s.steps - s.g / s.steps + 1 : 0);
-  return s;
-}
-
-__device__ __forceinline__ WorkUnit unit_at(const UnitWalk& s, int i, const SplitK& split, int slices) {
-  if (i < s.whole_units) return {(int)blockIdx.x + i * (int)gridDim.x, -1, 1, 0, slices};
-  const int t = s.g / s.steps + i - s.whole_units, first = t * s.steps;
-  const int begin = max(s.g, first), end = min(s.g_end, first + s.steps);
-  const int before = s.started(first), parts = 1 + s.started(first + s.steps - 1) - before;
-  return {split.whole + t, parts > 1 ? s.started(begin) - before : -1, parts, (begin - first) * PART_SLICES,
-          (end - first) * PART_SLICES};
+__device__ __forceinline__ WorkUnit work_unit(int u, const SplitK& split, int slices) {
+  if (u < split.whole) return {u, -1, 0, slices};
+  const int v = u - split.whole, part = v % split.parts, steps = slices / PART_SLICES;
+  return {split.whole + v / split.parts, part, PART_SLICES * (part * steps / split.parts),
+          PART_SLICES * ((part + 1) * steps / split.parts)};
 }
 
 // One part of a split tile is done in acc (this consumer warpgroup's 64 rows): store its sums
@@ -81,23 +50,23 @@ __device__ __forceinline__ WorkUnit unit_at(const UnitWalk& s, int i, const Spli
 // last part (which then runs the epilogue). slot: the split tile's index. The stores, fence,
 // count and fence are the usual last-block pattern; the loads bypass L1 (.cg), which is not
 // coherent with other SMs' stores.
-__device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK& split, const WorkUnit& w, int slot,
+__device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK& split, int part, int slot,
                                               int consumer) {
   __shared__ int arrived[2];
   const int t = threadIdx.x & 127, counter = 2 * slot + consumer;
   float* sums = split.partials + (i64)counter * split.parts * (128 * 128) + t;  // [part][i][thread]
 #pragma unroll
-  for (int i = 0; i < 128; ++i) __stcg(sums + (i64)w.part * (128 * 128) + 128 * i, acc[i >> 6][i & 63]);
+  for (int i = 0; i < 128; ++i) __stcg(sums + (i64)part * (128 * 128) + 128 * i, acc[i >> 6][i & 63]);
   __threadfence();
   warpgroup_sync(1 + consumer);
   if (t == 0) arrived[consumer] = atomicAdd(split.counters + counter, 1);
   warpgroup_sync(1 + consumer);
-  if (arrived[consumer] != w.parts - 1) return false;
+  if (arrived[consumer] != split.parts - 1) return false;
   __threadfence();
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] = __ldcg(sums + 128 * i);
 #pragma unroll 1
-  for (int p = 1; p < w.parts; ++p)
+  for (int p = 1; p < split.parts; ++p)
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] += __ldcg(sums + (i64)p * (128 * 128) + 128 * i);
   if (t == 0) split.counters[counter] = 0;
@@ -113,12 +82,12 @@ static constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
 // acc[h][i] in the m64n128 fragment layout of half h (hopper_common.cuh). The epilogue must not
 // touch shared memory.
 //
-// Work units (UnitWalk): a persistent grid of P CTAs takes the first split.whole tiles (a
-// multiple of P, so every CTA takes as many) whole, c, c + P, ...; the later tiles, the last
-// wave's, as equal ranges of their K slices, so that the last wave keeps its CTAs busy instead
-// of its r < P. Each part's FP32 sums go to a slot of split.partials; the last part of a tile to
-// finish adds the slots in part order (the same bits whichever finishes last) and runs the
-// epilogue.
+// Work units (split): a persistent grid of P CTAs takes units c, c + P, ... The first
+// split.whole tiles (a multiple of P, so every CTA takes as many) are one unit each; each later
+// tile, the last wave's, is split.parts units over consecutive K ranges, so that the last wave
+// keeps all P CTAs busy instead of its r < P. Each part's FP32 sums go to a slot of
+// split.partials; the last part of a tile to finish adds the slots in part order (the same bits
+// whichever finishes last) and runs the epilogue.
 template <int K, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
                                            const SplitK& split, Epilogue epilogue) {
@@ -127,6 +96,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   const int wg = threadIdx.x >> 7;
   const int m_tiles = (M + BM - 1) / BM, tiles = m_tiles * n_tiles;
+  const int first_unit = blockIdx.x, unit_step = gridDim.x;
+  const int units = split.whole + (tiles - split.whole) * split.parts;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -143,9 +114,8 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       tma_prefetch_map(map_a);
       tma_prefetch_map(map_b);
       PipelineState<STAGES> ring;
-      const UnitWalk walk = start_walk(split, tiles, K / BK);
-      for (int u = 0; u < walk.units; ++u) {
-        const WorkUnit w = unit_at(walk, u, split, K / BK);
+      for (int unit = first_unit; unit < units; unit += unit_step) {
+        const WorkUnit w = work_unit(unit, split, K / BK);
         int m0, n0;
         tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
 #pragma unroll 1
@@ -170,19 +140,18 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   PipelineState<STAGES> ring, held;
   // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
   // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
-  const UnitWalk walk = start_walk(split, tiles, K / BK);
-  for (int u = 0; u < walk.units; ++u) {
-    const WorkUnit w = unit_at(walk, u, split, K / BK);
+  float part[2][32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
+  for (int unit = first_unit; unit < units; unit += unit_step) {
+    const WorkUnit w = work_unit(unit, split, K / BK);
     int m0, n0;
     tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
-    // the partials zeroed per unit, so that they are dead during the epilogue
-    float acc[2][64], part[2][32];
+    float acc[2][64];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
     int kb = w.kb_begin;  // every unit has at least one slice
 #pragma unroll 1
     do {
@@ -227,7 +196,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       ring.advance();
     } while (++kb < w.kb_end);
     // a split tile's parts but its last end here (combine_parts)
-    if (w.part < 0 || combine_parts(acc, split, w, w.tile - split.whole, consumer))
+    if (w.part < 0 || combine_parts(acc, split, w.part, w.tile - split.whole, consumer))
       epilogue(acc, m0 + 64 * consumer, n0);
   }
 }

@@ -64,76 +64,29 @@ def test_a_wrong_mirror_fails_the_build():
 
 
 @pytest.mark.parametrize("tiles,slots,slices,want", [
-    (21, 132, 112, (0, 8)), (42, 132, 112, (0, 4)), (672, 132, 112, (660, 11)), (3584, 132, 42, (3564, 8)),
-    (2688, 132, 112, (2640, 4)), (14336, 132, 42, (14256, 3)), (224, 132, 42, (132, 3)), (264, 132, 42, (264, 1)),
-    (112, 132, 42, (112, 1)), (1, 132, 42, (0, 21)), (1, 132, 8, (0, 4)), (1, 132, 7, (0, 3))])
+    (21, 132, 112, (0, 6)), (42, 132, 112, (0, 3)), (672, 132, 112, (660, 11)), (3584, 132, 42, (3564, 6)),
+    (2688, 132, 112, (2640, 2)), (14336, 132, 42, (14336, 1)), (224, 132, 42, (224, 1)), (264, 132, 42, (264, 1)),
+    (1, 132, 42, (0, 10)), (1, 132, 8, (0, 2)), (1, 132, 7, (1, 1))])
 def test_work_split_spreads_the_last_wave_over_every_slot(tiles, slots, slices, want):
     whole, parts = hopper.work_split(tiles, slots, slices, 1)
     assert (whole, parts) == want
     assert whole % slots == 0 or parts == 1
-    if parts > 1:  # each CTA of the last wave takes at most SPLIT_GAIN of a tile's K, at least 2 steps
-        ctas, total = hopper.tail_ctas(tiles - whole, slots, slices, 1)
-        assert -(-total // ctas) <= hopper.SPLIT_GAIN * slices and total // ctas >= hopper.MIN_RANGE_STEPS
+    assert (tiles - whole) * parts <= slots and slices // parts >= hopper.MIN_PART_SLICES
 
 
-def kernel_walk(c, grid, tiles, whole, slices):
-    """start_walk and unit_at of cuda_src/mlp_fp8_sm90a_gemm.cuh, line for line: CTA c's units
-    (tile, part, parts, first slice, end slice)."""
+def test_every_part_gets_a_step_of_the_k_loop():
+    """work_unit (cuda_src/mlp_fp8_sm90a_gemm.cuh) cuts a split tile's K at multiples of
+    PART_SLICES: with the plan's parts, no part may come out empty (its consumers would wait
+    forever)."""
     step = hopper.PART_SLICES
-    whole_units = (whole - c + grid - 1) // grid if c < whole else 0
-    steps = slices // step
-    total = (tiles - whole) * steps
-    ctas = min(grid, total // hopper.MIN_RANGE_STEPS)
-    tail = c < ctas
-    g, g_end = (c * total // ctas, (c + 1) * total // ctas) if tail else (0, 0)
-    units = whole_units + ((g_end - 1) // steps - g // steps + 1 if tail else 0)
-    started = lambda x: min(ctas, ((x + 1) * ctas + total - 1) // total)  # noqa: E731
-    out = []
-    for i in range(units):
-        if i < whole_units:
-            out.append((c + i * grid, -1, 1, 0, slices))
-            continue
-        t = g // steps + i - whole_units
-        first = t * steps
-        begin, end = max(g, first), min(g_end, first + steps)
-        before, parts = started(first), 1 + started(first + steps - 1) - started(first)
-        out.append((whole + t, started(begin) - before if parts > 1 else -1, parts, (begin - first) * step,
-                    (end - first) * step))
-    return out
-
-
-@pytest.mark.parametrize("m", [1, 2, 129, 256, 400, 1024, 3000, 4096, 16384])
-def test_the_kernels_walk_covers_every_slice_once_in_numbered_parts(sms, m):
-    """Every tile's K slices are taken exactly once, by whole tiles or by parts numbered 0, 1, ...
-    in K order, each part a nonempty range of whole steps; the parts of a tile agree on their
-    count, which fits the workspace's slots (plan().split's parts), and match tail_parts()."""
-    sms(132)
-    p = hopper.plan(0, m)
-    for gemm, (n_tiles, k) in enumerate(((FC1_OUT // hopper.BN, HIDDEN), (HIDDEN // hopper.BN, FFN))):
-        ctas, whole, parts = p.split[gemm]
-        tiles, slices = -(-m // hopper.BM) * n_tiles, k // hopper.BK
-        assert ctas <= 132 and (parts == 1) == (whole == tiles)
-        seen = {}
-        for c in range(ctas):
-            for tile, part, count, a, b in kernel_walk(c, ctas, tiles, whole, slices):
-                assert 0 <= a < b <= slices and a % hopper.PART_SLICES == 0 and b % hopper.PART_SLICES == 0
-                seen.setdefault(tile, []).append((part, count, a, b))
-        assert sorted(seen) == list(range(tiles))
-        for tile, units in seen.items():
-            units.sort()
-            if tile < whole:
-                assert units == [(-1, 1, 0, slices)]
-                continue
-            count = units[0][1]
-            assert 2 <= count <= parts and [u[0] for u in units] == list(range(count))
-            assert all(u[1] == count for u in units) and units[0][2] == 0 and units[-1][3] == slices
-            assert all(units[i][3] == units[i + 1][2] for i in range(count - 1))
-        if parts > 1:
-            want = hopper.tail_parts(tiles - whole, hopper.tail_ctas(tiles - whole, 132, slices)[0],
-                                     slices // hopper.PART_SLICES)
-            got = {t - whole: [(a // hopper.PART_SLICES, b // hopper.PART_SLICES) for _, _, a, b in u]
-                   for t, u in seen.items() if t >= whole}
-            assert got == want
+    assert step * hopper.BK == 256
+    for k in (HIDDEN, FFN):
+        slices = k // hopper.BK
+        for r in range(1, 133):
+            whole, parts = hopper.work_split(r, 132, slices)
+            steps = slices // step
+            ranges = [(step * (p * steps // parts), step * ((p + 1) * steps // parts)) for p in range(parts)]
+            assert all(b > a for a, b in ranges) and ranges[-1][1] == slices, (k, r, parts)
 
 
 @pytest.fixture
@@ -168,8 +121,8 @@ class FakeCall:
 def test_plan_sizes_its_workspace_for_the_larger_gemm(sms):
     sms(132)
     p = hopper.plan(0, 4096)
-    assert p.split == ((132, 3564, 8), (132, 660, 11))
-    assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 20 * 8 * hopper.PARTIAL_BYTES  # FC1's 20 x 8
+    assert p.split == ((132, 3564, 6), (132, 660, 11))
+    assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 x 11
     ctas, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
     assert (ctas, held) == (132, None)
     assert fields == (660, 11, (1 << 20) + 256, 1 << 20)  # split_whole, split_parts, partials, counters
@@ -180,12 +133,10 @@ def test_plan_sizes_its_workspace_for_the_larger_gemm(sms):
     assert call.done == []
 
 
-def test_a_grid_is_never_more_than_its_work(sms):
+def test_a_grid_is_never_more_than_its_work_units(sms):
     sms(132)
-    assert hopper.plan(0, 1).split[1] == (132, 0, 8)  # FC2's 21 tiles over 132 ranges, up to 8 parts a tile
-    assert hopper.plan(0, 1).split[0] == (112, 112, 1)  # 112 tiles: ranges of 0.85 of a tile are not worth it
-    assert hopper.plan(0, 16384).split[0] == (132, 14256, 3)  # 108.6 waves: the last one's 80 tiles split
-    assert hopper.tail_ctas(1, 132, 8) == (2, 4)  # 4 steps: 2 CTAs of 2 steps, not 132 empty ones
+    assert hopper.plan(0, 1).split[1] == (126, 0, 6)  # FC2's 21 tiles, 6 parts each
+    assert hopper.plan(0, 16384).split[0] == (132, 14336, 1)  # 108.6 waves: the last too full to split
 
 
 def test_a_launch_without_a_workspace_zeroes_one_of_its_own(sms):
@@ -194,7 +145,7 @@ def test_a_launch_without_a_workspace_zeroes_one_of_its_own(sms):
     ctas, fields, held = hopper.walk(call, 1, 1, None)
     p = hopper.plan(0, 1)
     whole, parts, partials, counters = fields
-    assert (ctas, whole, parts) == (132, 0, 8) and held is not None
+    assert (ctas, whole, parts) == (126, 0, 6) and held is not None
     assert call.done == [("empty", (p.workspace_bytes,), "float8_e4m3fn"), ("zero", p.counter_bytes)]
     assert counters == held.data_ptr() and partials == counters + p.counter_bytes
 
@@ -240,7 +191,7 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     assert (v.map_a, v.map_w1) == ((0x10, 3000, hopper.BM), (0x30, FC1_OUT, hopper.BN))
     assert (v.a_scale, v.w1_scale, v.y, v.M) == (0x20, 0x40, 0x50, 3000)
     p = hopper.plan(0, 3000)
-    assert (v.split_whole, v.split_parts) == p.split[0][1:] and v.split_parts == 4
+    assert (v.split_whole, v.split_parts) == p.split[0][1:] and v.split_parts == 2
     quant, fc2 = hopper.launch_fc2(call, 3000, 0x50, 0x60, 0x70, 0x80, 0x90, FakeGate(), 0xa0, 0xb0, 0xc0,
                                    split=1 << 20)
     assert (quant.grid, quant.block, quant.values) == ((3000, 1), 256, (0x50, 0x60, 0x70))

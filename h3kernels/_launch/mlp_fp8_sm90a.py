@@ -88,50 +88,21 @@ def kernel(device_id, name, build=SHIPPED):
     return compiler.kernel(SOURCE, name, ARCH, build, device_id)
 
 
+MIN_PART_SLICES = 4  # K slices of the shortest part of a split tile: the ring's depth keeps its loads ahead
 PART_SLICES = 256 // BK  # split parts' boundaries fall on multiples of this many slices (the source's)
-MIN_RANGE_STEPS = 2  # PART_SLICES steps of the shortest K range a CTA takes of the last wave
-SPLIT_GAIN = 3 / 4  # split the last wave only where its CTAs then take at most this share of a tile's K
-
-
-def tail_ctas(r, slots, slices, step=PART_SLICES):
-    """(CTAs, steps): the last wave's r tiles walked as one range of r * slices / step steps, cut
-    into equal contiguous ranges over that many CTAs (each at least MIN_RANGE_STEPS)."""
-    steps = r * (slices // step)
-    return min(slots, steps // MIN_RANGE_STEPS), steps
 
 
 def work_split(tiles, slots, slices, step=PART_SLICES):
     """(whole, parts): the persistent walk's work units (cuda_src/mlp_fp8_sm90a_gemm.cuh). With
     `slots` CTAs resident, `tiles` tiles run in ceil(tiles / slots) waves, the last with
-    r = tiles % slots tiles while the other slots idle. Those r tiles' K slices, in steps of
-    `step` slices, are walked instead as one range cut into equal contiguous ranges, one per CTA
-    (tail_ctas): a CTA's range crosses from one tile into the next, and a tile's K falls into 2
-    or more parts, summed in part order by the last to finish. parts: the most parts any of those
-    tiles has (its slots in the workspace). No split where r is 0, or where a CTA's range would
-    not be under SPLIT_GAIN of a tile's K."""
+    r = tiles % slots tiles while the other slots idle: those r tiles are split into
+    parts = slots // r ranges of their `slices` K slices, so the last wave is about parts times
+    shorter. No split where r is 0 or above slots / 2, or where a part would fall under
+    MIN_PART_SLICES. Part boundaries fall on multiples of `step` slices, and every part gets at
+    least one step: an empty part would wait for a slice that is never loaded."""
     r = tiles % slots
-    if not r:
-        return tiles, 1
-    ctas, total = tail_ctas(r, slots, slices, step)
-    per_tile = slices // step
-    if ctas < 1 or -(-total // ctas) > SPLIT_GAIN * per_tile:
-        return tiles, 1
-    return tiles - r, max(len(parts) for parts in tail_parts(r, ctas, per_tile).values())
-
-
-def tail_parts(r, ctas, per_tile):
-    """{tail tile: [(first step, end step) of each part, in part order]}: the kernel's walk of the
-    last wave (start_walk, unit_at in cuda_src/mlp_fp8_sm90a_gemm.cuh) over r tiles of per_tile steps, CTA
-    c taking steps [c total / ctas, (c + 1) total / ctas)."""
-    total, tiles = r * per_tile, {}
-    for c in range(ctas):
-        g, end = c * total // ctas, (c + 1) * total // ctas
-        while g < end:
-            t = g // per_tile
-            stop = min(end, (t + 1) * per_tile)
-            tiles.setdefault(t, []).append((g - t * per_tile, stop - t * per_tile))
-            g = stop
-    return tiles
+    parts = min(slots // r, slices // MIN_PART_SLICES, slices // step) if r else 1
+    return (tiles - r, parts) if parts > 1 else (tiles, 1)
 
 
 COUNTER_BYTES = 4
@@ -158,8 +129,8 @@ def plan_for(m, slots):
     for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
         tiles = -(-m // BM) * n_tiles
         whole, parts = work_split(tiles, slots, k // BK)
-        ctas = min(tiles, slots) if parts == 1 else (slots if whole else tail_ctas(tiles, slots, k // BK)[0])
-        split.append((ctas, whole, parts))
+        units = whole + (tiles - whole) * parts
+        split.append((min(units, slots), whole, parts))
         if parts > 1:
             counters = max(counters, 2 * (tiles - whole) * COUNTER_BYTES)
             partials = max(partials, (tiles - whole) * parts * PARTIAL_BYTES)
