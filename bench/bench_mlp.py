@@ -38,8 +38,7 @@ from h3kernels.testing.checks import cos, rel_l2
 from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs, mlp_bf16, mlp_fp8
 from h3kernels.constants import FFN, HIDDEN
-from h3kernels.testing.timing import mlp_flops
-from h3kernels.testing.timing import median_ms, median_ms_batched, mlp_gemms_alone
+from h3kernels.testing.timing import median_ms, median_ms_batched, mlp_flops, mlp_gemm_flops, mlp_gemms_alone
 
 from bench_common import ceiling_tflops, elapsed, log, short
 
@@ -150,7 +149,7 @@ def gemm_alone(res, key, fns, m, batch, reps):
     """FC1 and FC2 alone (fns: two functions, each launching one GEMM) into res[key]: fc1_ms, fc2_ms
     and their TFLOP/s, each with its own FLOPs."""
     try:
-        for name, fn, flops in zip(("fc1", "fc2"), fns, (2 * m * HIDDEN * 2 * FFN, 2 * m * FFN * HIDDEN)):
+        for name, fn, flops in zip(("fc1", "fc2"), fns, mlp_gemm_flops(m)):
             ms = median_ms_batched(fn, batch=batch, warmup=1, reps=max(3, reps // 2))
             res[key].update({f"{name}_ms": ms, f"{name}_tflops": flops / ms / 1e9})
         log(f"  {key:12s} alone: FC1 {res[key]['fc1_ms']:.3f} ms ({res[key]['fc1_tflops']:.0f} TFLOP/s), "
@@ -231,9 +230,8 @@ def run_m(m, st, args):
                     f"{res['ours']['torch_allocs_per_call']}, CuPy {cnt.n} ({cnt.bytes} B); first call "
                     f"{res['ours_first_call_s']:.1f} s")
                 if args.form_family == "wgmma":
-                    gemm_alone(res, "ours", mlp_gemms_alone(*sets[0], *w, {k: v for k, v in ws.items()
-                                                                           if k.startswith("workspace_") and
-                                                                           k != "workspace_flags"}), m, batch, reps)
+                    workspaces = {k: v for k, v in ws.items() if k != "out"}
+                    gemm_alone(res, "ours", mlp_gemms_alone(*sets[0], *w, workspaces), m, batch, reps)
         except Exception as err:
             res["ours"] = dict(error=short(err))
             log(f"  ours failed: {short(err)}")

@@ -114,7 +114,5 @@ def report(work, csv, what):
               f"power median {np.median(power):.0f} W (max {max(power):.0f}), reasons {sorted(set(r[3] for r in sel))}")
 
 
-
-
 if __name__ == "__main__":
     main()

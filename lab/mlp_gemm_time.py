@@ -13,14 +13,10 @@ import json
 
 import torch
 
-import h3kernels
-from h3kernels._launch import mlp_fp8_sm90a as hopper
 from h3kernels._launch.mlp_fp8_sm90a import MlpBuild  # noqa: F401 (the --builds expressions)
-from h3kernels._runtime import arrays
-from h3kernels._runtime.arrays import data_ptr
-from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
-from h3kernels.timing import median_ms_batched
+from h3kernels.testing.poison import poisoned_mlp_workspaces
+from h3kernels.testing.timing import median_ms_batched, mlp_gemm_flops, mlp_gemms_alone
 
 
 def main():
@@ -35,28 +31,15 @@ def main():
     rows = []
     for m in a.rows:
         x, wn, sc, sh, idx = make_row_inputs(m, 50, device="cuda", seed=m)
-        res = residual[:m]
-        ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device="cuda"),
-                  workspace_a_scale=torch.empty(m, device="cuda"),
-                  workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"),
-                  workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device="cuda"),
-                  workspace_y_scale=torch.empty(m, device="cuda"))
-        ref_out = h3kernels.minimax_h3_mlp_fp8(x, wn, sc, sh, idx, gate, res, q1, s1, q2, s2, fp8_mma_form=3, **ws)
-        ref_y = ws["workspace_y"].clone()
-        call = arrays.Call(dict(x=x))
-        split = hopper.workspace(call, m)
-        split_ptr = data_ptr(split) if split is not None else None
-        ptr = {k: data_ptr(v) for k, v in ws.items()}
-        y = torch.empty_like(ref_y)
-        out = torch.empty_like(res)
-        flops1, flops2 = 2 * m * HIDDEN * FC1_OUT, 2 * m * FFN * HIDDEN
+        args = (x, wn, sc, sh, idx, gate, residual[:m], q1, s1, q2, s2)
+        ws = poisoned_mlp_workspaces(m)
+        _, fc2 = mlp_gemms_alone(*args, ws)  # the shipped build: the bits every build must give
+        fc2()
+        ref_y, ref_out = ws["workspace_y"].clone(), fc2.arrays[1].clone()
+        flops1, flops2 = mlp_gemm_flops(m)
         for expr in a.builds:
-            b = eval(expr)
-            fc1 = lambda: hopper.launch_fc1(call, m, ptr["workspace_a_q"], ptr["workspace_a_scale"], data_ptr(q1),  # noqa: E731
-                                            data_ptr(s1), data_ptr(y), split=split_ptr, build=b)
-            fc2 = lambda: hopper.launch_fc2_gemm(call, m, ptr["workspace_y_q"], ptr["workspace_y_scale"],  # noqa: E731
-                                                 data_ptr(q2), data_ptr(s2), gate, data_ptr(idx), data_ptr(res),
-                                                 data_ptr(out), split=split_ptr, build=b)
+            fc1, fc2 = mlp_gemms_alone(*args, ws, build=eval(expr))
+            y, out = ws["workspace_y"], fc2.arrays[1]
             y.fill_(float("nan"))
             out.fill_(float("nan"))
             fc1()
@@ -72,7 +55,7 @@ def main():
             rows.append(row)
             print(f"{a.label:<8}{expr:<40} M={m:<6} FC1 {t1:7.3f} ms ({row['fc1_tflops']:6.0f})  "
                   f"FC2 {t2:7.3f} ms ({row['fc2_tflops']:6.0f})  bitwise {same}", flush=True)
-        del x, ws, y, out, split
+        del x, ws, fc1, fc2
     if a.json:
         with open(a.json, "a") as f:
             for r in rows:

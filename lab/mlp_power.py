@@ -14,11 +14,12 @@ import torch
 
 import h3kernels
 from h3kernels import reference as R
-from h3kernels.constants import FC1_OUT, FFN, HIDDEN
+from h3kernels.constants import FFN, HIDDEN
 from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs
 from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
 from h3kernels.testing.inputs import make_row_inputs
-from h3kernels.testing.timing import mlp_flops, mlp_gemms_alone
+from h3kernels.testing.poison import poisoned_mlp_workspaces
+from h3kernels.testing.timing import mlp_flops, mlp_gemm_flops, mlp_gemms_alone
 
 from attention_power import report
 
@@ -39,11 +40,7 @@ def main():
         w1.zero_(), w2.zero_(), x.zero_()
     q1, s1 = h3kernels.prepare_minimax_h3_fc1_weight_fp8(w1)
     q2, s2 = h3kernels.prepare_minimax_h3_fc2_weight_fp8(w2)
-    ws = dict(workspace_a_q=torch.empty(m, HIDDEN, dtype=torch.float8_e4m3fn, device=dev),
-              workspace_a_scale=torch.empty(m, device=dev),
-              workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device=dev),
-              workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device=dev),
-              workspace_y_scale=torch.empty(m, device=dev))
+    ws = poisoned_mlp_workspaces(m)
     args = (x, wn, sc, sh, idx, gate, resid, q1, s1, q2, s2)
     fc1, fc2 = mlp_gemms_alone(*args, ws)
     out = torch.empty_like(resid)
@@ -51,7 +48,7 @@ def main():
     w2q, w2s = R.quantize_rows(w2)
     w1s, w2s = w1s.reshape(1, -1).contiguous(), w2s.reshape(1, -1).contiguous()
     gi = fp8_gemm_inputs(x, wn, sc, sh, idx, w1q, w1s)
-    flops1, flops2 = 2 * m * HIDDEN * FC1_OUT, 2 * m * FFN * HIDDEN
+    flops1, flops2 = mlp_gemm_flops(m)
     work = [("ours FC1", fc1, flops1), ("_scaled_mm FC1", lambda: fc1_fp8(gi[0], gi[1], w1q, w1s), flops1),
             ("ours FC2", fc2, flops2), ("_scaled_mm FC2", lambda: fc2_fp8(gi[2], gi[3], w2q, w2s), flops2),
             ("ours, whole call", lambda: h3kernels.minimax_h3_mlp_fp8(*args, out=out, fp8_mma_form=3, **ws),

@@ -86,8 +86,10 @@ def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):
     monkeypatch.setattr(arrays, "restore", restored.append)
     monkeypatch.setattr(arrays, "data_ptr", lambda t: id(t))
     monkeypatch.setattr(hopper, "workspace", lambda call, m: "split")
-    monkeypatch.setattr(hopper, "launch_fc1", lambda call, *a, split: launched.append(("fc1", a, split)) or "r1")
-    monkeypatch.setattr(hopper, "launch_fc2_gemm", lambda call, *a, split: launched.append(("fc2", a, split)) or "r2")
+    monkeypatch.setattr(hopper, "launch_fc1",
+                        lambda call, *a, split, build: launched.append(("fc1", a, split, build)) or "r1")
+    monkeypatch.setattr(hopper, "launch_fc2_gemm",
+                        lambda call, *a, split, build: launched.append(("fc2", a, split, build)) or "r2")
     named = "x wn sc sh idx gate resid q1 s1 q2 s2".split()
     t = {n: torch.zeros(5, 4) if n in ("x", "resid") else torch.zeros(1) for n in named}
     ws = {k: torch.zeros(1) for k in ("workspace_a_q", "workspace_a_scale", "workspace_y", "workspace_y_q",
@@ -96,10 +98,14 @@ def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):
     (args, kw), = calls  # one call of the operator, form 3, into the workspaces
     assert args == tuple(t.values()) and kw == dict(fp8_mma_form=3, **ws) and launched == []
     assert fc1() == "r1" and fc2() == "r2" and restored == ["previous", "previous"]
-    (n1, a1, s1), (n2, a2, s2) = launched
-    assert (n1, s1, n2, s2) == ("fc1", id("split"), "fc2", id("split"))
+    (n1, a1, s1, b1), (n2, a2, s2, b2) = launched
+    assert (n1, s1, n2, s2) == ("fc1", id("split"), "fc2", id("split")) and b1 is b2 is hopper.SHIPPED
     ptr = {k: id(v) for k, v in ws.items()}
     assert a1 == (5, ptr["workspace_a_q"], ptr["workspace_a_scale"], id(t["q1"]), id(t["s1"]), ptr["workspace_y"])
     assert a2[:5] == (5, ptr["workspace_y_q"], ptr["workspace_y_scale"], id(t["q2"]), id(t["s2"]))
     assert a2[5] is t["gate"] and a2[6:8] == (id(t["idx"]), id(t["resid"])) and fc2.arrays[1].shape == (5, 4)
     assert a2[8] == id(fc2.arrays[1])  # out: a tensor of the function's own
+    other = hopper.MlpBuild(group_m=8)  # a build given is the one both launch
+    fc1, fc2 = mlp_gemms_alone(*t.values(), ws, build=other)
+    fc1(), fc2()
+    assert launched[-2][3] is launched[-1][3] is other

@@ -172,12 +172,12 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
 
 
 def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gate, residual, fc1_weight_q,
-                    fc1_weight_scale, fc2_weight_q, fc2_weight_scale, workspaces):
+                    fc1_weight_scale, fc2_weight_q, fc2_weight_scale, workspaces, build=None):
     """Runs one call of minimax_h3_mlp_fp8 with fp8_mma_form 3 (torch CUDA tensors; `workspaces`:
-    its workspace_a_q, workspace_a_scale, workspace_y, workspace_y_q and workspace_y_scale
-    keywords, which keep what the call computed) and returns (fc1, fc2): functions that launch its
-    FC1 GEMM (y from a_q) and its FC2 GEMM (out from y_q, into a tensor of their own) alone again
-    on those operands, with the call's work split. For the wgmma family only."""
+    its workspace keywords, a_q to y_scale at least, which keep what the call computed) and
+    returns (fc1, fc2): functions that launch its FC1 GEMM (into workspace_y) and its FC2 GEMM
+    (into a tensor of their own, fc2.arrays[1]) alone again on those operands, with the call's
+    work split, in `build` (an MlpBuild; default the shipped one). For the wgmma family only."""
     import h3kernels
     from h3kernels._launch import mlp_fp8_sm90a as hopper
     from h3kernels._runtime import arrays
@@ -190,6 +190,7 @@ def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gat
     call = arrays.Call(dict(x=x))
     split = hopper.workspace(call, m)
     split_ptr = None if split is None else data_ptr(split)
+    build = build or hopper.SHIPPED
     ws = {k: data_ptr(v) for k, v in workspaces.items()}
     out = residual.new_empty(residual.shape)
     args1 = (m, ws["workspace_a_q"], ws["workspace_a_scale"], data_ptr(fc1_weight_q), data_ptr(fc1_weight_scale),
@@ -201,7 +202,7 @@ def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gat
         def run():
             previous = call.make_current()
             try:
-                return launch(call, *args, split=split_ptr)
+                return launch(call, *args, split=split_ptr, build=build)
             finally:
                 arrays.restore(previous)
         run.arrays = (split, out)  # the launches hold their addresses
@@ -263,8 +264,13 @@ def host_ms_per_call(fn, calls=200, warmup=20, round_calls=50, min_busy_ms=20.0)
                 calls=len(ms), busy_rounds=busy, rounds=rounds)
 
 
+def mlp_gemm_flops(m):
+    """(FC1's, FC2's) FLOPs at M rows."""
+    return 2 * m * HIDDEN * FC1_OUT, 2 * m * FFN * HIDDEN
+
+
 def mlp_flops(m):
-    return 2 * m * HIDDEN * FC1_OUT + 2 * m * FFN * HIDDEN
+    return sum(mlp_gemm_flops(m))
 
 
 def attention_flops(seqlens, heads):
