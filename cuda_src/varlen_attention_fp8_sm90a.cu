@@ -14,9 +14,8 @@
 // for the lse). A segment of one 64-key block computes S on mma.sync (one_block_tile).
 //
 // The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
-// the TMA loads (produce): the tile's Q (128 query rows of one head) into one of two Q tiles, so
-// that the next tile's Q and first stages load while this tile runs, and a 4-deep ring of 128-key
-// stages, each a K box and a V^T box. Warpgroups 1 and 2 each own 64 query rows
+// the TMA loads (produce): the tile's Q (128 query rows of one head) and a 4-deep ring of
+// 128-key stages, each a K box and a V^T box. Warpgroups 1 and 2 each own 64 query rows
 // (consume) and run the stage loop (stage_loop): per stage, S in one m64n128 wgmma group issued a
 // stage ahead, the stage's softmax, the P V of its two 64-key halves, then the epilogue
 // (finish_tile) through a shared-memory staging of out.
@@ -44,14 +43,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
     h3_varlen_attention_fp8_wgmma(const __grid_constant__ AttentionParams params) {
   const Args p(params);
   extern __shared__ u8 smem_raw[];
-  __shared__ __align__(8) u64 full[kStages], empty[kStages], q_full[kQSlots], q_empty[kQSlots];
+  __shared__ __align__(8) u64 full[kStages], empty[kStages], q_full, q_empty;
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   SharedMap sm;
   sm.q = base;
-  sm.ring = base + kQSlots * kQBytes;
+  sm.ring = base + kQBytes;
   sm.ones = sm.ring + kStages * kStageBytes;
   sm.out_stage = smem_raw + (sm.ones + kOnesBytes - smem_u32(smem_raw));
-  const Barriers bar{full, empty, q_full, q_empty};
+  const Barriers bar{full, empty, &q_full, &q_empty};
   const int wg = threadIdx.x >> 7;
   // the first kOnesBytes / 4 consumer threads, a word each
   if (threadIdx.x >= 128 && threadIdx.x < 128 + kOnesBytes / 4) {
@@ -64,11 +63,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
     }
-#pragma unroll
-    for (int i = 0; i < kQSlots; ++i) {
-      mbar_init(&q_full[i], 1);
-      mbar_init(&q_empty[i], kConsumerWarps);
-    }
+    mbar_init(&q_full, 1);
+    mbar_init(&q_empty, kConsumerWarps);
     mbar_init_fence();
   }
   __syncthreads();

@@ -9,7 +9,7 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
   const int g = lane >> 2, t = lane & 3;
   const i64 pitch = (i64)p.heads * HD;  // elements between consecutive tokens of out and q
   PipelineState<kStages> slot;  // the ring stage of the next keys
-  PipelineState<kQSlots> q_slot;
+  PipelineState<1> q_slot;
   float part[64];  // the P V partial (see stage_loop)
   float lp[4] = {0.f, 0.f, 0.f, 0.f};  // P . 1 of a stage
   const u64 ones_desc = wgmma_desc(sm.ones);
@@ -41,9 +41,8 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
-    tl.q_slot = q_slot.index;
-    const u32 a_q = sm.q_tile(q_slot.index) + consumer * 64 * HD;  // this warpgroup's rows of the Q tile
-    mbar_wait(&bar.q_full[q_slot.index], q_slot.phase);
+    const u32 a_q = sm.q + consumer * 64 * HD;  // this warpgroup's rows of the Q tile
+    mbar_wait(bar.q_full, q_slot.phase);
     q_slot.advance();
     if (one_block)  // apart from the stage loop: a branch inside it cost the loop 7% (H200)
       one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,

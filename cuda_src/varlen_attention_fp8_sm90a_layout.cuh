@@ -6,8 +6,8 @@
 
 // From AttentionBuild.defines() (h3kernels/_launch/varlen_attention_fp8_sm90a.py), so that the
 // host's tile, box and shared-memory sizes are the kernel's; EXACT_L is what differs between builds.
-#if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(RING_STAGES) || !defined(Q_SLOTS) || \
-    !defined(TILE_INTS) || !defined(EXACT_L) || !defined(H3_MMA_FORM)
+#if !defined(BQ) || !defined(BKV) || !defined(KSB) || !defined(HD) || !defined(RING_STAGES) || !defined(TILE_INTS) || \
+    !defined(EXACT_L) || !defined(H3_MMA_FORM)
 #error "varlen_attention_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/varlen_attention_fp8_sm90a.py"
 #endif
 
@@ -18,7 +18,6 @@ constexpr int kBlockKeys = BKV;           // keys of one P fragment pair: half a
 constexpr int kStageKeys = KSB;           // keys per ring stage: one K scale block, one TMA box of K and of V^T
 constexpr int kStages = RING_STAGES;
 constexpr int kQBytes = BQ * HD;
-constexpr int kQSlots = Q_SLOTS;          // Q tiles: the next work tile's Q loads while this one runs
 constexpr int kKBytes = kStageKeys * HD;
 constexpr int kStageBytes = 2 * kKBytes;  // K rows, then V^T rows (128 channels x 128 keys)
 constexpr int kOnesBytes = 1024;          // after the ring: e4m3 1.0 in every byte, the B operand of P . 1
@@ -83,17 +82,15 @@ struct Args {
 };
 
 // Dynamic shared memory, from the first 1024-byte boundary (the 128B swizzle's tiles): the Q
-// tiles, the ring of stages, the ones tile, the consumer warps' out staging.
+// tile, the ring of stages, the ones tile, the consumer warps' out staging.
 struct SharedMap {
   u32 q, ring, ones;  // shared addresses
   u8* out_stage;
-  __device__ __forceinline__ u32 q_tile(int i) const { return q + i * kQBytes; }
   __device__ __forceinline__ u32 stage(int i) const { return ring + i * kStageBytes; }
 };
 
 // full[s]: the stage's TMA bytes landed (one arrival, the producer's, plus the bytes); empty[s]:
-// every consumer warp is done with it (kConsumerWarps arrivals); q_full[i] / q_empty[i] likewise
-// for Q tile i.
+// every consumer warp is done with it (kConsumerWarps arrivals); q_full / q_empty likewise for Q.
 struct Barriers {
   u64* full;
   u64* empty;

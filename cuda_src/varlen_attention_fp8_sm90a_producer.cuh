@@ -2,8 +2,8 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_layout.cuh"
 
-// Per work tile: the tile's Q (one box of BQ query rows of the tile's head, into the Q tile whose
-// last reader, two tiles back, is done), then its keys a stage at a time into the ring, each stage a
+// Per work tile: the tile's Q (one box of BQ query rows of the tile's head, once the previous
+// tile's last S has read the Q tile), then its keys a stage at a time into the ring, each stage a
 // K box (128 key rows) and a V^T box (128 channel rows x the stage's 128 keys), each once the
 // consumers have freed that ring slot. Rows past the tokens come in as zeros (TMA's fill).
 __device__ __forceinline__ void produce(const AttentionParams& maps, const Args& p, const SharedMap& sm,
@@ -12,16 +12,15 @@ __device__ __forceinline__ void produce(const AttentionParams& maps, const Args&
   tma_prefetch_map(&maps.map_k);
   tma_prefetch_map(&maps.map_v);
   PipelineState<kStages> slot;
-  PipelineState<kQSlots> q_slot;
+  PipelineState<1> q_slot;
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int* w = p.tiles + (i64)tile * TILE_INTS;
     const int start = __ldg(w), len = __ldg(w + 1), q0 = __ldg(w + 2), h = __ldg(w + 3), seg = __ldg(w + 4);
     const int kb0 = __ldg(p.block_offset + seg);
-    // the last S of the tile two back, which read this Q tile, is done
-    mbar_wait(&bar.q_empty[q_slot.index], q_slot.phase ^ 1);
-    mbar_arrive_expect_tx(&bar.q_full[q_slot.index], kQBytes);
-    tma_load_2d(sm.q_tile(q_slot.index), &maps.map_q, h * HD, q0, &bar.q_full[q_slot.index]);
+    mbar_wait(bar.q_empty, q_slot.phase ^ 1);  // the previous tile's last S is done
     q_slot.advance();
+    mbar_arrive_expect_tx(bar.q_full, kQBytes);
+    tma_load_2d(sm.q, &maps.map_q, h * HD, q0, bar.q_full);
 #pragma unroll 1
     for (int j = 0; j * kStageKeys < len; ++j) {
       u64* full = &bar.full[slot.index];

@@ -11,7 +11,6 @@ struct Tile {
   int row0, row1;   // this lane's two query rows (row1 = row0 + 8)
   float c0, c1;     // softmax_scale log2(e) s_q of each row (0 past the segment: S = 0 there)
   const float* sk;  // s_k of the tile's head in the segment's first key block, one block per `heads`
-  int q_slot;       // its Q tile, whose q_empty the tile's last S arrives on
 };
 
 // A lane's two rows pass between the tile's parts as separate values: O (o[64]: row0 / row1,

@@ -28,11 +28,10 @@ KSB = K_BLOCK  # keys per K scale block and per ring stage (one TMA box of K and
 HD = HEAD_DIM  # 128 e4m3 = one 128-byte swizzled row
 STAGES = 4  # TMA ring depth: 4 x 32 KiB
 THREADS = 128 * (1 + BQ // 64)  # the loading warpgroup and the two consumers
-Q_SLOTS = 2  # Q tiles: the next work tile's Q loads while this one runs (the source's kQSlots)
 ONES_BYTES = 1024  # e4m3 1.0 in every byte: the B operand of each row's P . 1
 OUT_STAGING = (BQ // 16) * 16 * (2 * HD + 16)  # 16 rows of out per consumer warp, 16 bytes of padding each
-# the Q tiles, the ring, the ones tile, out's staging, room to align to 1024 bytes
-SMEM_BYTES = Q_SLOTS * BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING + 1024
+# the Q tile, the ring, the ones tile, out's staging, room to align to 1024 bytes
+SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING + 1024
 
 # The kernel's one __grid_constant__ parameter, AttentionParams: the maps, then the mma.sync
 # kernel's parameters in its order less q8, k8, v8t and v_pitch (which the maps carry)
@@ -52,7 +51,7 @@ class AttentionBuild:
     kernels: ClassVar[tuple] = (KERNEL,)
 
     def defines(self):
-        return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, RING_STAGES=STAGES, Q_SLOTS=Q_SLOTS, TILE_INTS=plan.TILE_COLS,
+        return dict(BQ=BQ, BKV=BKV, KSB=KSB, HD=HD, RING_STAGES=STAGES, TILE_INTS=plan.TILE_COLS,
                     EXACT_L=int(self.lse), H3_MMA_FORM=0)
 
     def kernel_params(self, name):
