@@ -207,19 +207,12 @@ def write_cache(path, data):
         pass  # a read-only cache only costs a recompile
 
 
-# Percent of each SM's unified L1 / shared memory that every kernel here asks to be shared memory:
-# the most, which the Hopper GEMMs and attention need anyway. A kernel left to the driver's choice
-# (a row or quantization kernel) ran with another split, and the SM's switch between splits at
-# the next kernel cost the MLP's FC2 10 us a call at M = 256 and 1024 (docs/perf.md).
-MAX_CARVEOUT = 100
-
-
 def load_kernel(ident, image, kernel, device_id, params, dynamic_smem=0):
     """The launcher.Kernel for `kernel` of a module image (cubin, or NUL-terminated PTX), loaded
     once per (ident, device): `image` is a function that returns the bytes, called on the first
     load only. params: the kernel's parameter formats (launcher.Kernel). dynamic_smem: bytes of
     dynamic shared memory its launches ask for; above the default 48 KB the function's limit is
-    raised once, here. Every kernel asks for the largest shared-memory carveout (MAX_CARVEOUT)."""
+    raised once, here."""
     k = _kernels.get((ident, device_id, kernel))
     if k is not None:
         return k
@@ -239,7 +232,6 @@ def load_kernel(ident, image, kernel, device_id, params, dynamic_smem=0):
                 mod.load(image())
                 _modules[(ident, device_id)] = mod
             f = mod.get_function(kernel)
-            driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, MAX_CARVEOUT)
             if dynamic_smem > 48 * 1024:
                 driver.funcSetAttribute(f.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
             k = launcher.Kernel(f, device_id, params, dynamic_smem)
