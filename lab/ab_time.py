@@ -4,12 +4,13 @@ speed with the code before it in one GPU run (lab/gpu_acceptance.sh does).
 
     PYTHONPATH=<checkout> python lab/ab_time.py --label new --json out.json
 
-MLP: minimax_h3_mlp_fp8(fp8_mma_form=3) at M = 16384, 4096, 256 with caller workspaces and out.
-Attention: minimax_h3_varlen_attention_fp8(fp8_mma_form=3) on 4x4096, 1x16384, 16x1024 tokens,
+MLP: minimax_h3_mlp_fp8(fp8_mma_form=3) at M = 16384, 4096, 1024, 256 with caller workspaces and out.
+Attention: minimax_h3_varlen_attention_fp8(fp8_mma_form=3) on 4x4096, 1x16384, 16x1024, 64x256 tokens,
 56 heads, out preallocated and cu_seqlens_host given; 4x4096 also with return_lse (the lse build);
 each plain set's kernel alone as well (testing.timing.attention_kernel_alone).
 Each figure: the median of back-to-back calls between CUDA events (median_ms_batched)."""
 import argparse
+import functools
 import json
 import time
 
@@ -21,8 +22,9 @@ from h3kernels.testing.inputs import make_attention_inputs, make_mlp_weights, ma
 from h3kernels.testing.timing import attention_kernel_alone, median_ms_batched
 
 
-def mlp(rows):
-    out = {}
+def mlp_calls(rows):
+    """(M, a call of the MLP at M rows with its own inputs, out and workspaces) for each M, on
+    weights made once (lab/call_timeline.py times the same calls)."""
     gate, residual, w1, w2, q1, s1, q2, s2 = make_mlp_weights(max(rows), 50)
     del w1, w2
     for m in rows:
@@ -34,12 +36,16 @@ def mlp(rows):
                   workspace_y=torch.empty(m, FFN, dtype=torch.bfloat16, device="cuda"),
                   workspace_y_q=torch.empty(m, FFN, dtype=torch.float8_e4m3fn, device="cuda"),
                   workspace_y_scale=torch.empty(m, device="cuda"))
-        call = lambda: h3kernels.minimax_h3_mlp_fp8(x, wn, sc, sh, idx, gate, res, q1, s1, q2, s2, out=dst,  # noqa: E731
-                                                    fp8_mma_form=3, **ws)
+        yield m, functools.partial(h3kernels.minimax_h3_mlp_fp8, x, wn, sc, sh, idx, gate, res, q1, s1, q2, s2,
+                                   out=dst, fp8_mma_form=3, **ws)
+
+
+def mlp(rows):
+    out = {}
+    for m, call in mlp_calls(rows):
         call()
         batch = 20 if m <= 4096 else 5
         out[f"mlp M={m}"] = median_ms_batched(call, batch=batch, warmup=2, reps=7)
-        del x, ws, dst
     return out
 
 
@@ -72,9 +78,10 @@ def main():
     res = dict(label=a.label, package=h3kernels.__file__)
     if a.only != "mlp":
         res.update(attention([("attention 4x4096", [4096] * 4, False), ("attention 4x4096 lse", [4096] * 4, True),
-                              ("attention 1x16384", [16384], False), ("attention 16x1024", [1024] * 16, False)]))
+                              ("attention 1x16384", [16384], False), ("attention 16x1024", [1024] * 16, False),
+                              ("attention 64x256", [256] * 64, False)]))
     if a.only != "attention":
-        res.update(mlp([16384, 4096, 256]))
+        res.update(mlp([16384, 4096, 1024, 256]))
     res["seconds"] = time.time() - t0
     with open(a.json, "a") as f:
         f.write(json.dumps(res) + "\n")

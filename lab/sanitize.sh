@@ -4,13 +4,14 @@
 # stdout. Usage on a GPU machine, from the repository root: bash lab/sanitize.sh [tools]
 # H3_SANITIZE_FORM: fp8_mma_form of both operators (default -1; 3: the wgmma families on sm_90a);
 # H3_SANITIZE_SIZES: which of the three sizes (default "0 1 2"); H3_SANITIZE_OPS=mlp: the MLP alone.
-# The MLP sizes cover form 3's split tiles on 132 SMs: FC2's at M = 1 and 129, FC1's at 400.
+# The MLP sizes cover form 3's split tiles on 132 SMs: FC2's at M = 1 and 129, FC1's at 400; the attention
+# sizes 0 and 1 its one-read K and V passes (segments of at most 256 keys), size 2 the four others.
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 LOG=$OUT/sanitize; mkdir -p "$LOG"
 TOOLS=${1:-memcheck synccheck racecheck}
-SIZES=("--mlp 1 --attn 1 --heads 1" "--mlp 129 --attn 0,127,129,0,300 --heads 8" "--mlp 400 --attn 4096,1,700 --heads 4")
+SIZES=("--mlp 1 --attn 1 --heads 1" "--mlp 129 --attn 0,127,129,0,256,200 --heads 8" "--mlp 400 --attn 4096,1,700 --heads 4")
 [ "${H3_SANITIZE_OPS:-}" = mlp ] && SIZES=("--mlp 1" "--mlp 129" "--mlp 400")
 FORM=${H3_SANITIZE_FORM:--1}
 python3 lab/sanitize_ops.py --mlp 1 --attn 1 --heads 1 --form $FORM > "$LOG/warmup.log" 2>&1  # fills the kernel cache

@@ -72,7 +72,10 @@ def test_quant_launches_fill_every_kernels_parameters(fake_kernels, tokens, head
                                                6 << 20, 7 << 20, 8 << 20)
     assert [r[0] for r in launches] == ["q_kernel", "kv_block_kernel", "kv_segment_kernel", "k_quant_kernel",
                                         "v_quant_kernel"]
-    for name, kernel, grid, threads, values in launches:
+    one_read = launch_attention.quant_launches(0, tokens, heads, segments, n, 1 << 20, 2 << 20, 3 << 20, 4 << 20, 1,
+                                               6 << 20, 7 << 20, 8 << 20, one_read=True)
+    assert [r[0] for r in one_read] == ["q_kernel", "k_segment_kernel", "v_segment_kernel"]
+    for name, kernel, grid, threads, values in launches + one_read:
         assert kernel == name and len(grid) == 2 and threads > 0
         assert len(values) == len(numba_ptx.params(name)), name
         struct.pack(launcher.pack_format(numba_ptx.params(name)), *values)

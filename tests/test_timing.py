@@ -73,6 +73,10 @@ def test_quant_pass_bytes_count_what_each_pass_moves():
     assert b["q_kernel"] == 3 * e + 4 * 16384 * 56
     assert b["kv_block_kernel"] == 4 * e + 2 * 128 * 56 * 128 * 4
     assert sum(b.values()) > least
+    short = attention_quant_pass_bytes([256] * 64, 56)  # one read of K and V
+    assert set(short) == {"q_kernel", "k_segment_kernel", "v_segment_kernel"}
+    assert short["k_segment_kernel"] == 3 * e + 64 * 56 * 128 * 4 + 4 * 128 * 56  # codes, mu, s_k of 128 blocks
+    assert sum(short.values()) < sum(b.values()) - 4 * e
 
 
 def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):

@@ -36,23 +36,27 @@ def hard_inputs(seqlens, heads, seed):
     return q, k, v, cu
 
 
-def check(seqlens, heads, seed):
+def check(seqlens, heads, seed, one_read=None):
     """Every output of the passes (into poisoned arrays) against the reference, bitwise; v8t's
-    padding columns included (zeros)."""
-    mismatches = numba_check.attention_pass_mismatches(*hard_inputs(seqlens, heads, seed))
+    padding columns included (zeros). one_read: the one-read K and V passes or the four others
+    (None: as the operator picks)."""
+    mismatches = numba_check.attention_pass_mismatches(*hard_inputs(seqlens, heads, seed), one_read=one_read)
     assert not mismatches, f"differ from the reference: {mismatches}"
 
 
 # small: the simulator runs ~1,000 threads a second. The first case has an empty segment, a
-# one-key one and one of two key blocks; the second adds a block of 127 keys and head 1's constant keys.
+# one-key one and one of two key blocks; the second adds a block of 127 keys and head 1's constant
+# keys. Both fit the one-read passes, and run both ways.
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
+@pytest.mark.parametrize("one_read", [True, False])
 @pytest.mark.parametrize("seqlens,heads", [([0, 1, 130], 1), pytest.param([0, 1, 127, 0, 130], 2, marks=pytest.mark.slow)])
-def test_simulator_passes_equal_the_reference(seqlens, heads, seed):
-    check(seqlens, heads, seed)
+def test_simulator_passes_equal_the_reference(seqlens, heads, one_read, seed):
+    check(seqlens, heads, seed, one_read)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seqlens,heads", [([0, 1, 127, 128, 129, 0, 300], 2), ([4096], 8), ([700, 0, 33], 56)])
+@pytest.mark.parametrize("seqlens,heads", [([0, 1, 127, 128, 129, 0, 300], 2), ([4096], 8), ([700, 0, 33], 56),
+                                           ([256, 0, 1, 255, 128, 129, 200], 56)])
 def test_gpu_passes_equal_the_reference(seqlens, heads, seed):
     check(seqlens, heads, seed)
 

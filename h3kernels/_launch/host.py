@@ -33,12 +33,13 @@ def row_stage(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, r
     return out["a_q_quads"], out["a_scale"]
 
 
-def attention_passes(arrays):
+def attention_passes(arrays, one_read=False):
     """The attention's quantization passes on numpy arrays named as
-    varlen_attention_fp8_quant.launch's arguments; returns them all after the run."""
+    varlen_attention_fp8_quant.launch's arguments (one_read: its one-read K and V passes);
+    returns them all after the run."""
     from h3kernels._launch.numba import varlen_attention_fp8_quant
 
-    return _on_runner(varlen_attention_fp8_quant.launch, arrays)
+    return _on_runner(lambda **a: varlen_attention_fp8_quant.launch(**a, one_read=one_read), arrays)
 
 
 def quant_passes(passes, arrays):

@@ -33,13 +33,18 @@ SIGNATURES = {
     "kv_segment_sums_kernel": ("varlen_attention_fp8_quant", 5, (("int32", 1), ("float32", 4), ("float32", 3),
                                                                  ("float32", 3))),
     "k_quant_given_kernel": ("varlen_attention_fp8_quant", 6, (_U64_1, _F32_1, _I64_2, _U32_1, _F32_1, "uint64")),
+    "k_segment_kernel": ("varlen_attention_fp8_quant", 7, (_U64_1, ("int32", 1, "A"), ("int32", 1), _F32_1, _U32_1,
+                                                          _F32_1, "uint64")),
+    "v_segment_kernel": ("varlen_attention_fp8_quant", 8, (_U64_1, ("int32", 1, "A"), ("int32", 1), _F32_1, _U32_1,
+                                                          "uint64", "uint64")),
 }
 # (threads per CTA, CTAs per SM) for ptxas (.maxntid, .minnctapersm): a register cap that fits
 # that many CTAs. The passes are bound by loads in flight per SM; each cap was checked to leave at
 # most a few spilled words (ptxas -v on sm_90).
 LAUNCH_BOUNDS = {"q_kernel": (G.Q_THREADS, 5), "k_quant_kernel": (G.QUANT_THREADS, 4),
                  "v_quant_kernel": (G.QUANT_THREADS, 4),
-                 "k_quant_given_kernel": (G.QUANT_THREADS, 4)}
+                 "k_quant_given_kernel": (G.QUANT_THREADS, 4),
+                 "k_segment_kernel": (G.SEGMENT_THREADS, 2), "v_segment_kernel": (G.SEGMENT_THREADS, 2)}
 _SCALAR_PARAM = {"int64": "i64", "uint64": "u64", "int32": "i32", "uint32": "u32", "float32": "f32"}
 _ITEMSIZE = {"uint64": 8, "int64": 8, "uint32": 4, "int32": 4, "float32": 4, "uint16": 2, "uint8": 1}
 _ENTRY = re.compile(r"\.entry\s+(\S+)\s*\(")

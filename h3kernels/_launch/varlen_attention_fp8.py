@@ -112,16 +112,18 @@ def _offsets(tokens, heads, segments, key_blocks):
     return tuple(parts[n][0] for n in ("q8", "k8", "v8t", "s_q", "s_k", "mu", "s_v", "partials")), nbytes
 
 
-def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base):
+def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base,
+                   one_read=False):
     """[(name, kernel, grid (x, y), threads, values)] of the quantization passes: q, k, v, cu (the device
     cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
-    blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout())."""
+    blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout()). one_read: every
+    segment has at most SEGMENT_KEYS keys (plan.one_read), so the K and V passes read them once."""
     return [(name, numba_ptx.kernel(name, device_id), grid, threads, values) for name, grid, threads, values in
-            _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base)]
+            _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read)]
 
 
 @functools.lru_cache(maxsize=64)
-def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base):
+def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read=False):
     """quant_launches without the kernels: ((name, grid, threads, values), ...). Every value is a
     function of these ints alone, so a call that repeats them (the same arrays, plan and
     workspace: the usual steady state) reuses the tuples instead of building them again."""
@@ -129,6 +131,19 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     out = []
     add = lambda *launch: out.append(launch)  # noqa: E731
     _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
+    if one_read:
+        if segments and tokens:
+            vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
+            cu_values = (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride)
+            add("k_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
+                (*vec(k, words, 8), *cu_values, *vec(block_offset, segments + 1, 4),
+                 *vec(base + o_mu, segments * plane, 4), *vec(base + o_k8, words, 4), *vec(base + o_sk, n * heads, 4),
+                 heads))
+            add("v_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
+                (*vec(v, words, 8), *cu_values, *vec(block_offset, segments + 1, 4),
+                 *vec(base + o_sv, segments * plane, 4), *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4),
+                 heads, n))
+        return tuple(out)
     _kv_block_pass(add, tokens, heads, n, k, v, blocks, base + o_part)
     if segments and tokens:
         add("kv_segment_kernel", (segments, heads), G.SEG_THREADS,
@@ -216,9 +231,10 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
     tokens = int(q.shape[0])
     segments = len(cu_host) - 1
     cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
+    one_read = plan.one_read(cu_host)
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
-        cu_stride, block_offset, blocks, base)
+        cu_stride, block_offset, blocks, base, one_read)
     return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
                    lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
                    scale, CAPTURE_ADVICE, keep)

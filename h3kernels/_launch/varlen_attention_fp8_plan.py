@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from h3kernels._launch.numba.geometry import SEGMENT_KEYS
 from h3kernels.constants import K_BLOCK
 
 Q_TILE = 128
@@ -63,6 +64,17 @@ def _plan_host(cu, heads):
 def plan_host(cu_seqlens_host, heads):
     """(tiles int32 [n, 5], block_offset int32 [segments + 1]) on the host."""
     return _plan_host(tuple(int(c) for c in cu_seqlens_host), int(heads))
+
+
+@functools.lru_cache(maxsize=256)
+def _one_read(cu):
+    return all(b - a <= SEGMENT_KEYS for a, b in zip(cu, cu[1:]))
+
+
+def one_read(cu_seqlens_host):
+    """Whether every segment has at most SEGMENT_KEYS keys: then the K and V passes read each
+    segment's keys once, in a CTA per segment and head (varlen_attention_fp8_quant)."""
+    return _one_read(tuple(int(c) for c in cu_seqlens_host))
 
 
 def key_blocks(cu_seqlens_host):

@@ -11,6 +11,7 @@ import torch
 
 from h3kernels import reference as R
 from h3kernels._launch import host
+from h3kernels._launch import varlen_attention_fp8_plan as plan
 from h3kernels._launch.varlen_attention_fp8_plan import key_blocks, plan_host
 from h3kernels.constants import HIDDEN
 
@@ -40,9 +41,10 @@ def row_stage(x, w, sc, sh, idx, eps=1e-5, scale_poison=np.nan):
     return a_q.view(np.uint8), a_s
 
 
-def attention_passes(q, k, v, cu):
+def attention_passes(q, k, v, cu, one_read=None):
     """The attention's quantization passes on bf16 CPU tensors q, k, v [tokens, heads, 128] and
-    host cu_seqlens: every array of varlen_attention_fp8_quant.launch, as numpy."""
+    host cu_seqlens: every array of varlen_attention_fp8_quant.launch, as numpy. one_read: the
+    one-read K and V passes (None: where the operator takes them, plan.one_read)."""
     tokens, heads, _ = q.shape
     segs = len(cu) - 1
     blocks = key_blocks(cu)
@@ -53,7 +55,7 @@ def attention_passes(q, k, v, cu):
                   block_offset=plan_host(cu, heads)[1], q8=codes(tokens, heads, 128), s_q=scales(tokens, heads),
                   mu=scales(segs, heads, 128), k8=codes(tokens, heads, 128), s_k=scales(n, heads),
                   v8t=codes(heads, 128, n * 128), s_v=scales(segs, heads, 128), partials=scales(2, n, heads, 128))
-    return host.attention_passes(arrays)
+    return host.attention_passes(arrays, plan.one_read(cu) if one_read is None else one_read)
 
 
 def nan_codes_alike(codes):
@@ -82,13 +84,13 @@ def row_stage_mismatches(x, w, sc, sh, idx, eps=1e-5, scale_poison=np.nan):
                                   ("a_scale", same_scales(a_s, rs.numpy()))) if not ok]
 
 
-def attention_pass_mismatches(q, k, v, cu, out=None):
+def attention_pass_mismatches(q, k, v, cu, out=None, one_read=None):
     """Names of the quantization passes' outputs (`out`, from attention_passes: run now when None)
     that differ from the reference's ([] when all match). s_k is the reference's per key, the
     passes' per 128-key block; v8t holds the reference's v8 in the kernel's layout, zero in the
     padding columns."""
     if out is None:
-        out = attention_passes(q, k, v, cu)
+        out = attention_passes(q, k, v, cu, one_read)
     q8, s_q, k8, s_k, v8, s_v = R.quantize_attention_inputs(q, k, v, cu)
     u8 = lambda t: t.view(torch.uint8).numpy()
     blocks = key_blocks(cu)

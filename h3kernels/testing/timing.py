@@ -1,5 +1,6 @@
 """Timing on the caller's torch stream: CUDA events (warm-up, then the median of many runs) for
 GPU time, and host_ms_per_call for the host time of one operator call while the GPU is busy."""
+import itertools
 import statistics
 import time
 
@@ -66,7 +67,7 @@ class QuantPasses:
         import torch
 
         from h3kernels._launch import varlen_attention_fp8 as launch
-        from h3kernels._launch.varlen_attention_fp8_plan import plan_arrays
+        from h3kernels._launch.varlen_attention_fp8_plan import one_read, plan_arrays
         from h3kernels._runtime import arrays
 
         self.cu_host = tuple(int(c) for c in cu_seqlens_host)
@@ -81,7 +82,7 @@ class QuantPasses:
         self.launches = launch.quant_launches(self.call.device_id, self.tokens, self.heads, self.segments, self.n,
                                               q.data_ptr(), k.data_ptr(), v.data_ptr(), cu_seqlens.data_ptr(),
                                               cu_seqlens.stride(0), block_offset.data_ptr(), blocks.data_ptr(),
-                                              self.mem.data_ptr())
+                                              self.mem.data_ptr(), one_read(self.cu_host))
 
     def run(self, chosen=None):
         """Launches every pass (or the `chosen` launches) on the call's stream; the call's device
@@ -125,16 +126,21 @@ QUANT_PASSES_OF_COPY_WANTED = 0.70  # the attention's quantization passes: this 
 def attention_quant_pass_bytes(lens, heads):
     """{pass: bytes it reads and writes} for segments `lens` (the launches of
     _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
-    partial sums per key block and channel; V written in whole key blocks)."""
+    partial sums per key block and channel; V written in whole key blocks). Segments that all
+    take the one-read passes (plan.one_read) read K and V once and write no partial sums."""
+    from h3kernels._launch.varlen_attention_fp8_plan import one_read
+
     tokens, blocks = sum(lens), sum(-(-n // K_BLOCK) for n in lens)
     e, segs = tokens * heads * HEAD_DIM, len(lens)
     part = 2 * blocks * heads * HEAD_DIM * 4  # the K and V partial sums
-    seg_stats = 2 * segs * heads * HEAD_DIM * 4  # mu, s_v
-    return {"q_kernel": 2 * e + e + 4 * tokens * heads,
-            "kv_block_kernel": 4 * e + part,
-            "kv_segment_kernel": part + seg_stats,
-            "k_quant_kernel": 2 * e + e + segs * heads * HEAD_DIM * 4 + 4 * blocks * heads,
-            "v_quant_kernel": 2 * e + blocks * K_BLOCK * heads * HEAD_DIM + segs * heads * HEAD_DIM * 4}
+    seg_stat = segs * heads * HEAD_DIM * 4  # mu or s_v
+    k_pass = 2 * e + e + seg_stat + 4 * blocks * heads
+    v_pass = 2 * e + blocks * K_BLOCK * heads * HEAD_DIM + seg_stat
+    q_pass = {"q_kernel": 2 * e + e + 4 * tokens * heads}
+    if one_read([0, *itertools.accumulate(lens)]):
+        return {**q_pass, "k_segment_kernel": k_pass, "v_segment_kernel": v_pass}
+    return {**q_pass, "kv_block_kernel": 4 * e + part, "kv_segment_kernel": part + 2 * seg_stat,
+            "k_quant_kernel": k_pass, "v_quant_kernel": v_pass}
 
 
 def attention_quant_least_bytes(lens, heads):

@@ -23,3 +23,9 @@ RED_GROUPS = 16  # k_quant's amax: RED_GROUPS threads reduce RED_WIDTH values ea
 RED_WIDTH = QUANT_THREADS // RED_GROUPS
 RED_SIZE = QUANT_THREADS + RED_GROUPS  # a global: Numba needs a literal shape
 TILE_WORDS = HEAD_DIM // 4 + 1  # uint32 words per key row of v_quant's tile; +1 spreads column reads
+# The one-read K and V passes: a CTA per (segment, head) holds a segment of up to SEGMENT_BLOCKS key
+# blocks in registers, each block in a quantizer CTA's layout (QUANT_THREADS threads of it)
+SEGMENT_BLOCKS = 2
+SEGMENT_KEYS = SEGMENT_BLOCKS * K_BLOCK
+SEGMENT_THREADS = SEGMENT_BLOCKS * QUANT_THREADS
+SEGMENT_WARPS = SEGMENT_BLOCKS * QUANT_WARPS

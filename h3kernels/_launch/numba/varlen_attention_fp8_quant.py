@@ -21,6 +21,12 @@ permuted (v_key_at): the kernel packs P into the PV mma's A fragment straight fr
 accumulators, which puts keys {2t, 2t+1, 8+2t, 9+2t} in the A k-columns 4t..4t+3 (see
 cuda_src/varlen_attention_fp8.cu), and B's k-rows must hold the same keys.
 
+Where every segment has at most SEGMENT_BLOCKS key blocks (varlen_attention_fp8_plan.one_read),
+k_segment_kernel and v_segment_kernel take the place of the four K and V passes: a CTA per
+(segment, head), each half the quantizer of one block, reads the segment's keys once into
+registers and computes the same statistics in the same order (the block sums in token order
+through a shared tile, then added in block order), then the codes.
+
 Where other ranks hold keys of the same segments (ring sequence parallelism), their statistics
 combine between the passes: kv_segment_sums_kernel gives each segment's undivided key sums and
 amax |v|, k_quant_kernel (k8 empty: no codes) on blocks cut on the whole segment's 128-key grid
@@ -38,7 +44,9 @@ from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401
 # module globals: Numba reads them as compile-time constants
 from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS  # noqa: F401
 from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH  # noqa: F401
+from h3kernels._launch.numba.geometry import SEGMENT_THREADS, SEGMENT_WARPS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_ROWS_PER_CTA, SEG_BATCH, SEG_THREADS  # noqa: F401
+from h3kernels._launch.numba.geometry import SEGMENT_BLOCKS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_PARTS, Q_RED_COLS, Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
@@ -239,12 +247,14 @@ def _build():
         return w, h, blk, count, heads * uint64(32 * QUANT_WARPS), at, channels
 
     @device_function
-    def load_keys(src, quads, at, step, w, count):
-        """quads[i] = the lane's bf16 quad of key w + QUANT_WARPS i of the block (0 past its end):
-        all loads issued before any is used, and held in registers."""
+    def load_keys(src, quads, at, step, first, stride, count):
+        """quads[i] = the lane's bf16 quad of key first + stride i of the block (0 past its end, at
+        `count`; quad i at at + i step): all loads issued before any is used, and held in
+        registers. The quantizers take keys w, w + 8, ... (stride QUANT_WARPS), the one-read K
+        pass a run of keys (stride 1)."""
         for i in range(KEYS_PER_WARP):
             quads[i] = uint64(0)
-            if w + uint64(QUANT_WARPS * i) < count:
+            if first + stride * uint64(i) < count:
                 quads[i] = src[at + uint64(i) * step]
 
     @device_function
@@ -253,7 +263,7 @@ def _build():
         block's s_k index, keys, step and at as block_coords's, the four channels' means)."""
         w, h, blk, count, step, at, mi = block_coords(blocks, heads, t, bid)
         m0, m1, m2, m3 = mu[mi], mu[mi + uint64(1)], mu[mi + uint64(2)], mu[mi + uint64(3)]
-        load_keys(k, kq, at, step, w, count)
+        load_keys(k, kq, at, step, w, uint64(QUANT_WARPS), count)
         return w, blk * heads + h, count, step, at, m0, m1, m2, m3
 
     @device_function
@@ -263,12 +273,12 @@ def _build():
         return float32(lo(k0) - m0), float32(hi(k0) - m1), float32(lo(k1) - m2), float32(hi(k1) - m3)
 
     @device_function
-    def thread_amax(red, kq, t, w, count, m0, m1, m2, m3):
-        """Step one of the block's amax |k'|: red[t] = the thread's amax over its keys. Then, each
-        after a barrier, group_max and groups_max."""
+    def thread_amax(red, kq, t, first, stride, count, m0, m1, m2, m3):
+        """Step one of the block's amax |k'|: red[t] = the thread's amax over its keys (load_keys').
+        Then, each after a barrier, group_max and groups_max."""
         amax = float32(0.0)
         for i in range(KEYS_PER_WARP):
-            if w + uint64(QUANT_WARPS * i) < count:
+            if first + stride * uint64(i) < count:
                 c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
                 amax = mx(mx(amax, mx(abs(c0), abs(c1))), mx(abs(c2), abs(c3)))
         red[t] = amax
@@ -291,10 +301,10 @@ def _build():
         return amax
 
     @device_function
-    def k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s):
-        """k8 at the warp's keys = e4m3(RN(k' / s)), zeros for a zero scale."""
+    def k_codes(kq, k8, at, step, first, stride, count, m0, m1, m2, m3, s):
+        """k8 at the thread's keys (load_keys') = e4m3(RN(k' / s)), zeros for a zero scale."""
         for i in range(KEYS_PER_WARP):
-            if w + uint64(QUANT_WARPS * i) < count:
+            if first + stride * uint64(i) < count:
                 out = uint32(0)
                 if s > float32(0.0):  # k' is no bf16 value: exact divisions
                     c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
@@ -312,13 +322,13 @@ def _build():
         red = cuda.shared.array(RED_SIZE, float32)
         kq = cuda.local.array(KEYS_PER_WARP, uint64)
         w, sk, count, step, at, m0, m1, m2, m3 = k_block(k, mu, blocks, heads, t, uint64(cuda.blockIdx.x), kq)
-        thread_amax(red, kq, t, w, count, m0, m1, m2, m3)
+        thread_amax(red, kq, t, w, uint64(QUANT_WARPS), count, m0, m1, m2, m3)
         cuda.syncthreads()
         group_max(red, t)
         cuda.syncthreads()
         s = div_rn(groups_max(red), float32(E4M3_MAX))
         if k8.shape[0] > 0:
-            k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s)
+            k_codes(kq, k8, at, step, w, uint64(QUANT_WARPS), count, m0, m1, m2, m3, s)
         if t == uint64(0):
             s_k[sk] = s
 
@@ -329,29 +339,28 @@ def _build():
         t = uint64(cuda.threadIdx.x)
         kq = cuda.local.array(KEYS_PER_WARP, uint64)
         w, sk, count, step, at, m0, m1, m2, m3 = k_block(k, mu, blocks, heads, t, uint64(cuda.blockIdx.x), kq)
-        k_codes(kq, k8, at, step, w, count, m0, m1, m2, m3, s_k[sk])
+        k_codes(kq, k8, at, step, w, uint64(QUANT_WARPS), count, m0, m1, m2, m3, s_k[sk])
 
-    @cuda.jit
-    def v_quant_kernel(v, s_v, blocks, v8t, heads, n):
-        """v: uint64 [tokens * heads * 32] (bf16 quads); s_v: f32 [segments * heads * 128]; v8t:
-        uint32 [heads * 128 * n * 32], the module docstring's layout in 4-byte words. CTA c: block
-        c // heads, head c % heads. Warp w first quantizes keys w, w + 8, ... (lane l: channels
-        4l .. 4l + 3) into a shared tile, then writes the channel rows of channel quads w, w + 8,
-        ..., lane l the four columns 4l .. 4l + 3 (keys v_key_at(column)) as one word: 128-byte
-        coalesced rows, four from each four tile words a lane reads."""
-        t = uint64(cuda.threadIdx.x)
-        lane = t % uint64(32)
-        tile = cuda.shared.array((K_BLOCK, TILE_WORDS), uint32)
-        vq = cuda.local.array(KEYS_PER_WARP, uint64)
-        w, h, blk, count, step, at, sv = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
-        s0, s1, s2, s3 = s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)], s_v[sv + uint64(3)]
-        # codes go through e4m3x2 in pairs; a zero-scale channel divides by 1 instead, and its byte
-        # is masked to 0 afterwards
+    @device_function
+    def v_channel_codes(s0, s1, s2, s3):
+        """The lane's four channels' quantizer: (keep, the divisors, their reciprocals). Codes go
+        through e4m3x2 in pairs; a zero-scale channel divides by 1 instead, and its byte is masked
+        to 0 afterwards (keep)."""
         keep = kept_byte(s0, 0) | kept_byte(s1, 8) | kept_byte(s2, 16) | kept_byte(s3, 24)
         s0, s1, s2, s3 = divisor(s0), divisor(s1), divisor(s2), divisor(s3)
         one = float32(1.0)
-        i0, i1, i2, i3 = div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
-        load_keys(v, vq, at, step, w, count)
+        return keep, s0, s1, s2, s3, div_rn(one, s0), div_rn(one, s1), div_rn(one, s2), div_rn(one, s3)
+
+    @device_function
+    def v_block(vq, tile, v8t, t, count, h, blk, row_words, keep, s0, s1, s2, s3, i0, i1, i2, i3):
+        """One key block's V codes from the lane's quads vq (keys w, w + 8, ... of the block, its
+        `count` keys), through the shared tile, to its columns of v8t (block blk of row_words words
+        a channel row). Warp w first quantizes its keys into the tile, then writes the channel rows
+        of channel quads w, w + 8, ..., lane l the four columns 4l .. 4l + 3 (keys v_key_at(column))
+        as one word: 128-byte coalesced rows, four from each four tile words a lane reads. Nothing
+        is written where count is 0 (a segment kernel's missing block); ends on a barrier, so the
+        tile may be written again."""
+        lane, w = t % uint64(32), t // uint64(32)
         for i in range(KEYS_PER_WARP):
             codes = uint32(0)
             if w + uint64(QUANT_WARPS * i) < count:
@@ -365,9 +374,8 @@ def _build():
         # channels of a key, so four words give the lane's word of four channel rows
         col = uint64(4) * lane
         k0, k1, k2, k3 = key_at(col), key_at(col + uint64(1)), key_at(col + uint64(2)), key_at(col + uint64(3))
-        row_words = n * uint64(K_BLOCK // 4)
         at = h * uint64(HEAD_DIM) * row_words + blk * uint64(K_BLOCK // 4) + lane
-        for r in range(HEAD_DIM // (4 * QUANT_WARPS)):
+        for r in range(HEAD_DIM // (4 * QUANT_WARPS) if count > uint64(0) else 0):  # count 0: no block
             g = w + uint64(QUANT_WARPS * r)  # channels 4g .. 4g + 3
             x0, x1, x2, x3 = tile[k0, g], tile[k1, g], tile[k2, g], tile[k3, g]
             for j in range(4):
@@ -375,11 +383,138 @@ def _build():
                 codes = (((x0 >> sh) & uint32(0xFF)) | (((x1 >> sh) & uint32(0xFF)) << uint32(8))
                          | (((x2 >> sh) & uint32(0xFF)) << uint32(16)) | (((x3 >> sh) & uint32(0xFF)) << uint32(24)))
                 v8t[at + (uint64(4) * g + uint64(j)) * row_words] = codes
+        cuda.syncthreads()
+
+    @cuda.jit
+    def v_quant_kernel(v, s_v, blocks, v8t, heads, n):
+        """v: uint64 [tokens * heads * 32] (bf16 quads); s_v: f32 [segments * heads * 128]; v8t:
+        uint32 [heads * 128 * n * 32], the module docstring's layout in 4-byte words. CTA c: block
+        c // heads, head c % heads; warp w holds keys w, w + 8, ... of the block (lane l: channels
+        4l .. 4l + 3), written through a shared tile (v_block)."""
+        t = uint64(cuda.threadIdx.x)
+        tile = cuda.shared.array((K_BLOCK, TILE_WORDS), uint32)
+        vq = cuda.local.array(KEYS_PER_WARP, uint64)
+        w, h, blk, count, step, at, sv = block_coords(blocks, heads, t, uint64(cuda.blockIdx.x))
+        keep, s0, s1, s2, s3, i0, i1, i2, i3 = v_channel_codes(s_v[sv], s_v[sv + uint64(1)], s_v[sv + uint64(2)],
+                                                               s_v[sv + uint64(3)])
+        load_keys(v, vq, at, step, w, uint64(QUANT_WARPS), count)
+        v_block(vq, tile, v8t, t, count, h, blk, n * uint64(K_BLOCK // 4), keep, s0, s1, s2, s3, i0, i1, i2, i3)
+
+    @device_function
+    def segment_block(src, quads, cu, seg, h, heads, t, runs):
+        """Where thread t of a segment kernel's CTA works: the CTA's half t // QUANT_THREADS holds
+        key block b of the segment, lane l channels 4l .. 4l + 3 of KEYS_PER_WARP keys of it,
+        loaded into quads at once: warp w keys w, w + 8, ... as a quantizer CTA holds them, or with
+        `runs` the run 16 w .. 16 w + 15. Returns (b, the thread's index in its half, the first of
+        its keys, their stride, keys of the segment, keys of block b, the quad of the first key,
+        the stride between its quads)."""
+        b, tb = t // uint64(QUANT_THREADS), t % uint64(QUANT_THREADS)
+        w = tb // uint64(32)
+        a, e = uint64(cu[seg]), uint64(cu[seg + uint64(1)])
+        count = e - a if e > a else uint64(0)
+        start = uint64(K_BLOCK) * b
+        keys = min(count - start, uint64(K_BLOCK)) if count > start else uint64(0)
+        first, stride = (uint64(KEYS_PER_WARP) * w, uint64(1)) if runs else (w, uint64(QUANT_WARPS))
+        at = ((a + start + first) * heads + h) * uint64(32) + tb % uint64(32)
+        step = heads * uint64(32) * stride
+        load_keys(src, quads, at, step, first, stride, keys)
+        return b, tb, first, stride, count, keys, at, step
+
+    @cuda.jit
+    def k_segment_kernel(k, cu, block_offset, mu, k8, s_k, heads):
+        """The K passes of a segment of at most SEGMENT_BLOCKS (2) key blocks in one read: CTA
+        (segment, head) of SEGMENT_THREADS threads, each half a K quantizer CTA of one block (its
+        keys in registers, warp w the run 16 w .. 16 w + 15); mu: f32 [segments * heads * 128];
+        k8, s_k as k_quant_kernel's. The mean is kv_segment_kernel's: each block's sums in token
+        order, as kv_block_kernel adds them (the warps of a half add their runs in turn, each
+        onto the sums the one before left in shared memory), the block sums added in block order,
+        over L."""
+        seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
+        run = cuda.shared.array((SEGMENT_BLOCKS, HEAD_DIM), float32)
+        means = cuda.shared.array(HEAD_DIM, float32)
+        red = cuda.shared.array((SEGMENT_BLOCKS, RED_SIZE), float32)
+        kq = cuda.local.array(KEYS_PER_WARP, uint64)
+        b, tb, first, stride, count, keys, at, step = segment_block(k, kq, cu, seg, h, heads, t, True)
+        w, c = tb // uint64(32), uint64(4) * (tb % uint64(32))
+        # Warp w adds its run in turn w, onto what warp w - 1 left; every thread passes every
+        # turn's barrier (a barrier is CTA-convergent). Block 0 has the most keys, so the turns
+        # end with its last run; a warp of block 1 without keys passes the sums on unchanged. The
+        # turn count is a run-time value: unrolled, the turns' copies of the body spilled.
+        turns = (min(count, uint64(K_BLOCK)) + uint64(KEYS_PER_WARP - 1)) // uint64(KEYS_PER_WARP)
+        for turn in range(turns):
+            if w == turn:
+                r0, r1, r2, r3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                if w > uint64(0):
+                    r0, r1, r2, r3 = run[b, c], run[b, c + uint64(1)], run[b, c + uint64(2)], run[b, c + uint64(3)]
+                for i in range(KEYS_PER_WARP):
+                    if first + uint64(i) < keys:
+                        k0, k1 = word(kq[i], 0), word(kq[i], 1)
+                        r0, r1 = float32(r0 + lo(k0)), float32(r1 + hi(k0))
+                        r2, r3 = float32(r2 + lo(k1)), float32(r3 + hi(k1))
+                run[b, c], run[b, c + uint64(1)], run[b, c + uint64(2)], run[b, c + uint64(3)] = r0, r1, r2, r3
+            cuda.syncthreads()
+        if t < uint64(HEAD_DIM):
+            mean = float32(0.0)
+            if count > uint64(0):
+                acc = float32(float32(0.0) + run[0, t])
+                for bb in range(1, SEGMENT_BLOCKS):
+                    if count > uint64(K_BLOCK * bb):
+                        acc = float32(acc + run[bb, t])
+                mean = div_rn(acc, float32(count))
+            mu[(seg * heads + h) * uint64(HEAD_DIM) + t] = mean
+            means[t] = mean
+        cuda.syncthreads()
+        m0, m1, m2, m3 = means[c], means[c + uint64(1)], means[c + uint64(2)], means[c + uint64(3)]
+        # k_quant_kernel on the half's block (the barriers in both halves, a missing block's
+        # amax 0 and no writes)
+        thread_amax(red[b], kq, tb, first, stride, keys, m0, m1, m2, m3)
+        cuda.syncthreads()
+        group_max(red[b], tb)
+        cuda.syncthreads()
+        s = div_rn(groups_max(red[b]), float32(E4M3_MAX))
+        k_codes(kq, k8, at, step, first, stride, keys, m0, m1, m2, m3, s)
+        if tb == uint64(0) and keys > uint64(0):
+            s_k[(uint64(block_offset[seg]) + b) * heads + h] = s
+
+    @cuda.jit
+    def v_segment_kernel(v, cu, block_offset, s_v, v8t, heads, n):
+        """The V passes of a segment of at most SEGMENT_BLOCKS (2) key blocks in one read: CTA
+        (segment, head) of SEGMENT_THREADS threads, each half a V quantizer CTA of one block (its
+        keys in registers); s_v: f32 [segments * heads * 128]; v8t as v_quant_kernel's (n key
+        blocks)."""
+        seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
+        tile = cuda.shared.array((SEGMENT_BLOCKS, K_BLOCK, TILE_WORDS), uint32)
+        warp_max = cuda.shared.array((SEGMENT_WARPS, HEAD_DIM), float32)
+        scale = cuda.shared.array(HEAD_DIM, float32)
+        vq = cuda.local.array(KEYS_PER_WARP, uint64)
+        b, tb, _, _, _, keys, _, _ = segment_block(v, vq, cu, seg, h, heads, t, False)
+        r0, r1, r2, r3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+        for i in range(KEYS_PER_WARP):  # the zero quads past the end leave an amax as it is
+            v0, v1 = word(vq[i], 0), word(vq[i], 1)
+            r0, r1 = mx(r0, abs(lo(v0))), mx(r1, abs(hi(v0)))
+            r2, r3 = mx(r2, abs(lo(v1))), mx(r3, abs(hi(v1)))
+        c = uint64(4) * (t % uint64(32))
+        warp = t // uint64(32)
+        warp_max[warp, c], warp_max[warp, c + uint64(1)] = r0, r1
+        warp_max[warp, c + uint64(2)], warp_max[warp, c + uint64(3)] = r2, r3
+        cuda.syncthreads()
+        if t < uint64(HEAD_DIM):  # a maximum is the same in any order
+            amax = warp_max[0, t]
+            for j in range(1, SEGMENT_WARPS):
+                amax = mx(amax, warp_max[j, t])
+            sv = div_rn(amax, float32(E4M3_MAX))
+            s_v[(seg * heads + h) * uint64(HEAD_DIM) + t] = sv
+            scale[t] = sv
+        cuda.syncthreads()
+        keep, s0, s1, s2, s3, i0, i1, i2, i3 = v_channel_codes(scale[c], scale[c + uint64(1)], scale[c + uint64(2)],
+                                                               scale[c + uint64(3)])
+        v_block(vq, tile[b], v8t, tb, keys, h, uint64(block_offset[seg]) + b, n * uint64(K_BLOCK // 4), keep, s0, s1,
+                s2, s3, i0, i1, i2, i3)
 
     # the first five in launch order (numba_ptx indexes them), then the passes of keys shared
-    # with other ranks
+    # with other ranks, then the one-read passes of short segments
     return (q_kernel, kv_block_kernel, kv_segment_kernel, k_quant_kernel, v_quant_kernel, kv_segment_sums_kernel,
-            k_quant_given_kernel)
+            k_quant_given_kernel, k_segment_kernel, v_segment_kernel)
 
 
 def kernels():
@@ -411,7 +546,7 @@ def v_transposed(v8, cu_seqlens_host):
 
 
 _NAMES = ("q_kernel", "kv_block_kernel", "kv_segment_kernel", "k_quant_kernel", "v_quant_kernel",
-          "kv_segment_sums_kernel", "k_quant_given_kernel")  # kernels()' order
+          "kv_segment_sums_kernel", "k_quant_given_kernel", "k_segment_kernel", "v_segment_kernel")  # kernels()' order
 
 
 class _Passes(list):
@@ -461,16 +596,21 @@ def _words(a):
     return _flat(a).view(np.uint32)
 
 
-def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
+def launch(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None,
+           one_read=False):
     """All passes. q, k, v: uint16 [tokens, heads, 128]; cu: int32 or int64 [segments + 1];
     blocks: from key_blocks; block_offset: int [segments + 1], each segment's first block (the
     plan's); partials: f32 [2, blocks, heads, 128] scratch; outputs as the kernels' docstrings
-    say. Arrays are Numba device arrays (or numpy arrays in the simulator); work goes on `stream`."""
-    for _, run in passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream):
+    say. one_read: the one-read K and V passes, for segments of at most SEGMENT_BLOCKS key blocks
+    each (varlen_attention_fp8_plan.one_read). Arrays are Numba device arrays (or numpy arrays in
+    the simulator); work goes on `stream`."""
+    for _, run in passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream,
+                         one_read):
         run()
 
 
-def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None):
+def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, partials, stream=None,
+           one_read=False):
     """launch's passes in order, as (kernel name, thunk) pairs, each launch configured and its
     array views made once: bench/bench_attention.py times each one."""
     tokens, heads, _ = q.shape
@@ -479,6 +619,13 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
     out = _Passes(stream)
     if tokens:
         out.add("q_kernel", -(-rows // Q_ROWS_PER_CTA), Q_THREADS, _quads(q), _words(q8), _flat(s_q), np.uint64(rows))
+    if one_read:
+        if segments and tokens:
+            out.add("k_segment_kernel", (segments, heads), SEGMENT_THREADS, _quads(k), cu, block_offset, _flat(mu),
+                    _words(k8), _flat(s_k), np.uint64(heads))
+            out.add("v_segment_kernel", (segments, heads), SEGMENT_THREADS, _quads(v), cu, block_offset, _flat(s_v),
+                    _words(v8t), np.uint64(heads), np.uint64(blocks.shape[0]))
+        return list(out)
     out.kv_block(k, v, blocks, partials)
     if segments and tokens:
         out.add("kv_segment_kernel", (segments, heads), SEG_THREADS, cu, block_offset, partials, mu, s_v)
