@@ -20,7 +20,7 @@ def test_numba_kernels_compile_to_ptx_outside_the_simulator():
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count(": ok") == 8, out.stdout
+    assert out.stdout.count(": ok") == 10, out.stdout
 
 
 def compile_every_kernel():
@@ -43,7 +43,7 @@ def compile_every_kernel():
     cases = {"mlp_fp8_row": (mlp_fp8_row.kernel(), (
         z((2, 1344), u64), z(1344, u64), z(9000, u64), z(9000, u64), 4032, 3, z(2, i64), 1e-5,
         z((2, 1344), u32), z(2, f32)))}
-    qk, kv_block, kv_segment, kq, vq, kv_sums, kq_given = quant.kernels()
+    qk, kv_block, kv_segment, kq, vq, kv_sums, kq_given, k_seg, v_seg = quant.kernels()
     cases.update({
         "q_kernel": (qk, (z(t * h * 32, u64), z(t * h * 32, u32), z(t * h, f32), u64(t * h))),
         "kv_block_kernel": (kv_block, (z(t * h * 32, u64), z(t * h * 32, u64), z((blocks, 3), i64),
@@ -58,6 +58,10 @@ def compile_every_kernel():
                                              z((2, h, 128), f32))),
         "k_quant_given_kernel": (kq_given, (z(t * h * 32, u64), z(2 * h * 128, f32), z((blocks, 3), i64),
                                             z(t * h * 32, u32), z(blocks * h, f32), u64(h))),
+        "k_segment_kernel": (k_seg, (z(t * h * 32, u64), z(3, i32), z(3, i32), z(2 * h * 128, f32), z(t * h * 32, u32),
+                                     z(blocks * h, f32), u64(h))),
+        "v_segment_kernel": (v_seg, (z(t * h * 32, u64), z(3, i32), z(3, i32), z(2 * h * 128, f32),
+                                     z(h * 128 * blocks * 32, u32), u64(h), u64(blocks))),
     })
     for name, (kernel, args) in cases.items():
         sig = tuple(numba.typeof(a) for a in args)
