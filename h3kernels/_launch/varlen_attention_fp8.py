@@ -133,25 +133,36 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
     if one_read:
         if segments and tokens:
-            vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
-            cu_values = (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride)
-            add("k_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
-                (*vec(k, words, 8), *cu_values, *vec(block_offset, segments + 1, 4),
-                 *vec(base + o_mu, segments * plane, 4), *vec(base + o_k8, words, 4), *vec(base + o_sk, n * heads, 4),
-                 heads))
-            add("v_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
-                (*vec(v, words, 8), *cu_values, *vec(block_offset, segments + 1, 4),
-                 *vec(base + o_sv, segments * plane, 4), *vec(base + o_v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4),
-                 heads, n))
+            _one_read_passes(add, tokens, heads, segments, n, k, v, _cu_values(segments, cu, cu_stride), block_offset,
+                             base + o_mu, base + o_k8, base + o_sk, base + o_sv, base + o_v8t)
         return tuple(out)
     _kv_block_pass(add, tokens, heads, n, k, v, blocks, base + o_part)
     if segments and tokens:
         add("kv_segment_kernel", (segments, heads), G.SEG_THREADS,
-            (0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride,
+            (*_cu_values(segments, cu, cu_stride),
              *_segment_reduction(segments, heads, n, block_offset, base + o_part, base + o_mu, base + o_sv)))
     _kv_passes(add, tokens, heads, segments, n, k, v, base + o_mu, base + o_sv, blocks, base + o_k8, base + o_sk,
                base + o_v8t)
     return tuple(out)
+
+
+def _cu_values(segments, cu, cu_stride):
+    """The device cu_seqlens (int32 at address cu, cu_stride elements apart) as a Numba array's
+    fields."""
+    return 0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride
+
+
+def _one_read_passes(add, tokens, heads, segments, n, k, v, cu_values, block_offset, mu, k8, s_k, s_v, v8t):
+    """The K and V passes in one read (segments of at most SEGMENT_KEYS keys): a CTA per (segment,
+    head) of each, into mu, k8, s_k and s_v, v8t (addresses) of the workspace."""
+    vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
+    block_offsets = vec(block_offset, segments + 1, 4)
+    add("k_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
+        (*vec(k, words, 8), *cu_values, *block_offsets, *vec(mu, segments * plane, 4), *vec(k8, words, 4),
+         *vec(s_k, n * heads, 4), heads))
+    add("v_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
+        (*vec(v, words, 8), *cu_values, *block_offsets, *vec(s_v, segments * plane, 4),
+         *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 
 
 def _kv_block_pass(add, tokens, heads, n, k, v, blocks, partials):

@@ -67,14 +67,11 @@ def plan_host(cu_seqlens_host, heads):
 
 
 @functools.lru_cache(maxsize=256)
-def _one_read(cu):
+def one_read(cu):
+    """Whether every segment of cu (a tuple of ints, as plan_arrays takes) has at most SEGMENT_KEYS
+    keys: then the K and V passes read each segment's keys once, in a CTA per segment and head
+    (varlen_attention_fp8_quant). Cached: a call asks once per launch."""
     return all(b - a <= SEGMENT_KEYS for a, b in zip(cu, cu[1:]))
-
-
-def one_read(cu_seqlens_host):
-    """Whether every segment has at most SEGMENT_KEYS keys: then the K and V passes read each
-    segment's keys once, in a CTA per segment and head (varlen_attention_fp8_quant)."""
-    return _one_read(tuple(int(c) for c in cu_seqlens_host))
 
 
 def key_blocks(cu_seqlens_host):

@@ -55,7 +55,7 @@ def attention_passes(q, k, v, cu, one_read=None):
                   block_offset=plan_host(cu, heads)[1], q8=codes(tokens, heads, 128), s_q=scales(tokens, heads),
                   mu=scales(segs, heads, 128), k8=codes(tokens, heads, 128), s_k=scales(n, heads),
                   v8t=codes(heads, 128, n * 128), s_v=scales(segs, heads, 128), partials=scales(2, n, heads, 128))
-    return host.attention_passes(arrays, plan.one_read(cu) if one_read is None else one_read)
+    return host.attention_passes(arrays, plan.one_read(tuple(cu)) if one_read is None else one_read)
 
 
 def nan_codes_alike(codes):

@@ -137,7 +137,7 @@ def attention_quant_pass_bytes(lens, heads):
     k_pass = 2 * e + e + seg_stat + 4 * blocks * heads
     v_pass = 2 * e + blocks * K_BLOCK * heads * HEAD_DIM + seg_stat
     q_pass = {"q_kernel": 2 * e + e + 4 * tokens * heads}
-    if one_read([0, *itertools.accumulate(lens)]):
+    if one_read((0, *itertools.accumulate(lens))):
         return {**q_pass, "k_segment_kernel": k_pass, "v_segment_kernel": v_pass}
     return {**q_pass, "kv_block_kernel": 4 * e + part, "kv_segment_kernel": part + 2 * seg_stat,
             "k_quant_kernel": k_pass, "v_quant_kernel": v_pass}

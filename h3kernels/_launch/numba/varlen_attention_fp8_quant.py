@@ -44,9 +44,8 @@ from h3kernels._launch.varlen_attention_fp8_plan import key_blocks  # noqa: F401
 # module globals: Numba reads them as compile-time constants
 from h3kernels._launch.numba.geometry import BATCH, KEYS_PER_WARP, KV_BLOCK_THREADS, KV_WARPS  # noqa: F401
 from h3kernels._launch.numba.geometry import QUANT_THREADS, QUANT_WARPS, RED_GROUPS, RED_SIZE, RED_WIDTH  # noqa: F401
-from h3kernels._launch.numba.geometry import SEGMENT_THREADS, SEGMENT_WARPS  # noqa: F401
+from h3kernels._launch.numba.geometry import SEGMENT_BLOCKS, SEGMENT_THREADS, SEGMENT_WARPS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_ROWS_PER_CTA, SEG_BATCH, SEG_THREADS  # noqa: F401
-from h3kernels._launch.numba.geometry import SEGMENT_BLOCKS  # noqa: F401
 from h3kernels._launch.numba.geometry import Q_PARTS, Q_RED_COLS, Q_ROWS_PER_WARP, Q_THREADS, Q_WORDS, TILE_WORDS
 
 _lock = threading.Lock()
