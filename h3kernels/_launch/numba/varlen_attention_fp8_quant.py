@@ -486,7 +486,7 @@ def _build():
         warp_max = cuda.shared.array((SEGMENT_WARPS, HEAD_DIM), float32)
         scale = cuda.shared.array(HEAD_DIM, float32)
         vq = cuda.local.array(KEYS_PER_WARP, uint64)
-        b, tb, _, _, _, keys, _, _ = segment_block(v, vq, cu, seg, h, heads, t, False)
+        b, tb, first, stride, _, keys, at, step = segment_block(v, vq, cu, seg, h, heads, t, False)
         r0, r1, r2, r3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
         for i in range(KEYS_PER_WARP):  # the zero quads past the end leave an amax as it is
             v0, v1 = word(vq[i], 0), word(vq[i], 1)
@@ -507,6 +507,9 @@ def _build():
         cuda.syncthreads()
         keep, s0, s1, s2, s3, i0, i1, i2, i3 = v_channel_codes(scale[c], scale[c + uint64(1)], scale[c + uint64(2)],
                                                                scale[c + uint64(3)])
+        # the keys again, from L2 (this CTA read them a moment ago): held across the amax, they
+        # spilled 120 bytes at 64 registers
+        load_keys(v, vq, at, step, first, stride, keys)
         v_block(vq, tile[b], v8t, tb, keys, h, uint64(block_offset[seg]) + b, n * uint64(K_BLOCK // 4), keep, s0, s1,
                 s2, s3, i0, i1, i2, i3)
 
