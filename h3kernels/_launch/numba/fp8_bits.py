@@ -129,7 +129,7 @@ def max_nan(a, b):
 host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
                        bf16x2_from_f32=bf16x2_from_f32, f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        quad_word=quad_word, e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
-                       div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn, f32_bits=f32_bits)
+                       div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
 
 
 MIN_FAST_SCALE = 1e-30  # below this scale, kernels divide instead of calling quotient()
@@ -180,30 +180,6 @@ def make_quotient(fma_rn, div_rn):
         return div_rn(a, s)
 
     return quotient, quotient_or_div, in_range
-
-
-def make_code_quotient(f32_bits, div_rn):
-    """A Numba device function code_quotient(a, s, inv): for any FP32 a and a scale s with
-    in_range(s) and inv = RN(1 / s), a value whose e4m3 code is that of RN(a / s), mostly without
-    a division. q = RN(a * inv) is within 1.5 ulp of a / s (inv within half an ulp of 1 / s), so
-    RN(a / s) lies within 2 ulp of q; where q is at least 3 ulp from every e4m3 rounding midpoint
-    (the 20 bits below e4m3's mantissa at least 3 from 0x80000, and q no e4m3 subnormal), both
-    round to the same code and q serves. Elsewhere (about 5 quotients in 10^6, and |q| < 2^-6) it
-    divides. For quantizers whose numerators are no bf16 values (K after the mean), where
-    make_quotient's remainder correction is not proven; tests/test_fp8_bits.py checks it near
-    every kind of midpoint."""
-    from numba import float32, uint32
-
-    @device_function
-    def code_quotient(a, s, inv):
-        q = float32(a * inv)
-        u = uint32(f32_bits(q)) & uint32(0x7FFFFFFF)
-        m = u & uint32(0xFFFFF)
-        if u < uint32(E4M3_MIN_NORMAL_BITS) or (m >= uint32(0x80000 - 2) and m <= uint32(0x80000 + 2)):
-            return div_rn(a, s)
-        return q
-
-    return code_quotient
 
 
 def primitives():
@@ -295,10 +271,6 @@ def _gpu_primitives():
         return libdevice.fdiv_rn(a, b)
 
     @cuda.jit(device=True)
-    def g_f32_bits(f):
-        return uint32(libdevice.float_as_int(f))
-
-    @cuda.jit(device=True)
     def g_sqrt_rn(a):
         return libdevice.fsqrt_rn(a)
 
@@ -310,4 +282,4 @@ def _gpu_primitives():
                            bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
                            f32_from_bf16_hi=g_f32_from_bf16_hi, quad_word=g_quad_word,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,
-                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, fma_rn=g_fma_rn, f32_bits=g_f32_bits)
+                           div_rn=g_div_rn, sqrt_rn=g_sqrt_rn, fma_rn=g_fma_rn)

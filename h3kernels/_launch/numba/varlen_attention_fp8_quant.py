@@ -53,7 +53,7 @@ _kernels = None
 
 
 def _build():
-    from h3kernels._launch.numba.fp8_bits import device_function, make_code_quotient, make_quotient, primitives
+    from h3kernels._launch.numba.fp8_bits import device_function, make_quotient, primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
@@ -62,7 +62,6 @@ def _build():
     # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row; V's
     # scale varies per channel, so there the test goes with every quotient (no divergence)
     quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
-    code_quotient = make_code_quotient(p.f32_bits, div_rn)  # K: k' is no bf16 value
     key_at = device_function(v_key_at)
 
     @cuda.jit
@@ -302,20 +301,13 @@ def _build():
 
     @device_function
     def k_codes(kq, k8, at, step, first, stride, count, m0, m1, m2, m3, s):
-        """k8 at the thread's keys (load_keys') = e4m3(RN(k' / s)), zeros for a zero scale. k' is
-        no bf16 value: code_quotient in range, divisions outside it."""
-        fast = in_range(s)
-        inv = div_rn(float32(1.0), s) if fast else float32(1.0)
+        """k8 at the thread's keys (load_keys') = e4m3(RN(k' / s)), zeros for a zero scale."""
         for i in range(KEYS_PER_WARP):
             if first + stride * uint64(i) < count:
                 out = uint32(0)
-                if s > float32(0.0):
+                if s > float32(0.0):  # k' is no bf16 value: exact divisions
                     c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
-                    if fast:
-                        out = uint32(e4m3x2(code_quotient(c0, s, inv), code_quotient(c1, s, inv))
-                                     | (e4m3x2(code_quotient(c2, s, inv), code_quotient(c3, s, inv)) << 16))
-                    else:
-                        out = uint32(e4m3x2(div_rn(c0, s), div_rn(c1, s)) | (e4m3x2(div_rn(c2, s), div_rn(c3, s)) << 16))
+                    out = uint32(e4m3x2(div_rn(c0, s), div_rn(c1, s)) | (e4m3x2(div_rn(c2, s), div_rn(c3, s)) << 16))
                 k8[at + uint64(i) * step] = out
 
     @cuda.jit
