@@ -1,7 +1,8 @@
 // minimax_h3_varlen_attention_fp8 on Hopper (sm_90a, fp8_mma_form 3): the function of
-// varlen_attention_fp8.cu on wgmma with TMA loads. Same inputs (the quantization passes' q8, s_q,
-// k8, s_k, v8t, s_v, mu in the workspace) and the same plan of work tiles (start, len, first
-// query, head, segment), walked by a persistent grid of one CTA per SM.
+// varlen_attention_fp8.cu on wgmma with TMA loads. Same inputs (the quantization passes' k8, s_k,
+// v8t, s_v, mu in the workspace) but Q in bf16, quantized here per tile with the Q pass's
+// arithmetic (varlen_attention_fp8_sm90a_q.cuh: the same q8 and s_q bits), and the same plan of
+// work tiles (start, len, first query, head, segment), walked by a persistent grid of one CTA per SM.
 // docs/kernels/attention_sm90.md describes the kernel for a maintainer.
 //
 // Numerics (docs/spec.md, Attention): S = q8 . k8^T scaled to log2 units (s_q * s_k *
@@ -14,11 +15,12 @@
 // for the lse). A segment of one 64-key block computes S on mma.sync (one_block_tile).
 //
 // The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
-// the TMA loads (produce): the tile's Q (128 query rows of one head) and a 4-deep ring of
+// the TMA loads (produce): the tile's bf16 Q (128 query rows of one head) and a 4-deep ring of
 // 128-key stages, each a K box and a V^T box. Warpgroups 1 and 2 each own 64 query rows
-// (consume) and run the stage loop (stage_loop): per stage, S in one m64n128 wgmma group issued a
-// stage ahead, the stage's softmax, the P V of its two 64-key halves, then the epilogue
-// (finish_tile) through a shared-memory staging of out.
+// (consume): they quantize them into the e4m3 Q tile (quantize_q_rows), release the staged rows
+// (so the next tile's Q loads under this tile), and run the stage loop (stage_loop): per stage,
+// S in one m64n128 wgmma group issued a stage ahead, the stage's softmax, the P V of its two
+// 64-key halves, then the epilogue (finish_tile) through a shared-memory staging of out.
 //
 // Operands: Q and K are K-major (head dim contiguous, one 128-byte swizzled row), so S = Q K^T
 // reads both from shared memory. P V takes P from registers (the A fragment of a warp is the
@@ -50,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   sm.ring = base + kQBytes;
   sm.ones = sm.ring + kStages * kStageBytes;
   sm.out_stage = smem_raw + (sm.ones + kOnesBytes - smem_u32(smem_raw));
+  sm.q_staged = sm.ones + kOnesBytes + kOutStageBytes;
   const Barriers bar{full, empty, &q_full, &q_empty};
   const int wg = threadIdx.x >> 7;
   // the first kOnesBytes / 4 consumer threads, a word each

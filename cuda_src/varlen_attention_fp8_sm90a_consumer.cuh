@@ -2,6 +2,7 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_epilogue.cuh"
 #include "varlen_attention_fp8_sm90a_one_block.cuh"
+#include "varlen_attention_fp8_sm90a_q.cuh"
 #include "varlen_attention_fp8_sm90a_stage_loop.cuh"
 
 __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, const Barriers& bar, int consumer) {
@@ -17,6 +18,18 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
   for (int i = 0; i < 64; ++i) part[i] = 0.f;
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int* w = p.tiles + (i64)tile * TILE_INTS;
+    // The tile's Q first, quantized while little else is live (placed after the tile's loads
+    // of the plan, it cost the stage loop its schedule: descriptors converted between wgmmas)
+    mbar_wait(bar.q_full, q_slot.phase);
+    q_slot.advance();
+    const float sq = quantize_q_rows(sm.q_staged + consumer * 64 * 2 * HD, sm.q + consumer * 64 * HD, warp, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.q_empty);  // the warp's staged rows are read: the next tile's may land
+    fence_proxy_async_shared();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
+    // give S = 0 and are not written
+    const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
     Tile tl;
     tl.len = __ldg(w + 1);
     const int q0 = __ldg(w + 2);
@@ -31,9 +44,6 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // there row0 is kept as computed (in the other build the same pin spilled 16 bytes instead)
     if constexpr (kExactL) asm volatile("" : "+r"(tl.row0));
     tl.row1 = tl.row0 + 8;
-    // rows past the segment give S = 0 and are not written
-    tl.c0 = tl.row0 < tl.end ? __ldg(p.s_q + (i64)tl.row0 * p.heads + tl.h) * p.scale_log2 : 0.f;
-    tl.c1 = tl.row1 < tl.end ? __ldg(p.s_q + (i64)tl.row1 * p.heads + tl.h) * p.scale_log2 : 0.f;
     // s_k of each stage, read one stage ahead (its latency would stall the softmax)
     tl.sk = p.s_k + (i64)kb0 * p.heads + tl.h;
     const float sk_first = __ldg(tl.sk);
@@ -42,8 +52,8 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
     const u32 a_q = sm.q + consumer * 64 * HD;  // this warpgroup's rows of the Q tile
-    mbar_wait(bar.q_full, q_slot.phase);
-    q_slot.advance();
+    tl.c0 = tl.row0 < tl.end ? sq0 * p.scale_log2 : 0.f;
+    tl.c1 = tl.row1 < tl.end ? sq1 * p.scale_log2 : 0.f;
     if (one_block)  // apart from the stage loop: a branch inside it cost the loop 7% (H200)
       one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,
                      t);

@@ -17,13 +17,15 @@ constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kBlockKeys = BKV;           // keys of one P fragment pair: half a stage
 constexpr int kStageKeys = KSB;           // keys per ring stage: one K scale block, one TMA box of K and of V^T
 constexpr int kStages = RING_STAGES;
-constexpr int kQBytes = BQ * HD;
+constexpr int kQBytes = BQ * HD;          // the e4m3 Q tile the S wgmmas read
+constexpr int kQStagedBytes = BQ * 2 * HD;  // the bf16 Q tile TMA stages for the consumers to quantize
 constexpr int kKBytes = kStageKeys * HD;
 constexpr int kStageBytes = 2 * kKBytes;  // K rows, then V^T rows (128 channels x 128 keys)
 constexpr int kOnesBytes = 1024;          // after the ring: e4m3 1.0 in every byte, the B operand of P . 1
 constexpr int kOutPitch = 2 * HD + 16;    // bytes per row of a warp's out staging: the 16 bytes of
                                           // padding make the fragment's 4-byte stores free of bank conflicts
 constexpr int kOutWarpBytes = 16 * kOutPitch;  // a consumer warp's 16 rows
+constexpr int kOutStageBytes = kConsumerWarps * kOutWarpBytes;
 constexpr int kProducerRegs = 24;         // setmaxnreg: what the TMA warpgroup keeps
 constexpr int kConsumerRegs = 240;        // and each softmax warpgroup takes: O, the P V partial, S, P
 constexpr int kChainStages = 8;           // stages (1024 keys) a P V partial runs on in the tensor core
@@ -36,13 +38,13 @@ static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
 
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
-// parameters in its order less q8, k8, v8t and v_pitch (which the maps carry). lse null: not wanted.
+// parameters in its order less q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch
+// (which the maps carry). lse null: not wanted.
 struct AttentionParams {
-  TmaMap map_q, map_k, map_v;  // q8 [tokens, heads * 128], k8 likewise, v8t [heads * 128, v_pitch]
+  TmaMap map_q, map_k, map_v;  // q (bf16) [tokens, heads * 256 bytes], k8 [tokens, heads * 128], v8t [heads * 128, v_pitch]
   const int* tiles;            // the plan: (start, len, first query, head, segment) per work tile
   int n_tiles;
   const int* block_offset;     // each segment's first 128-key block
-  const float* s_q;
   const float* s_k;
   const float* s_v;
   u16* out;                    // may alias q
@@ -63,7 +65,6 @@ struct Args {
   const int* tiles;
   int n_tiles;
   const int* block_offset;
-  const float* s_q;
   const float* s_k;
   const float* s_v;
   u16* out;
@@ -76,21 +77,22 @@ struct Args {
   float softmax_scale;
   const int* q_bounds;
   __device__ __forceinline__ explicit Args(const AttentionParams& p)
-      : tiles(p.tiles), n_tiles(p.n_tiles), block_offset(p.block_offset), s_q(p.s_q), s_k(p.s_k), s_v(p.s_v),
+      : tiles(p.tiles), n_tiles(p.n_tiles), block_offset(p.block_offset), s_k(p.s_k), s_v(p.s_v),
         out(p.out), heads(p.heads), scale_log2(p.scale_log2), lse(p.lse), q(p.q), mu(p.mu), tokens(p.tokens),
         softmax_scale(p.softmax_scale), q_bounds(p.q_bounds) {}
 };
 
-// Dynamic shared memory, from the first 1024-byte boundary (the 128B swizzle's tiles): the Q
-// tile, the ring of stages, the ones tile, the consumer warps' out staging.
+// Dynamic shared memory, from the first 1024-byte boundary (the 128B swizzle's tiles): the e4m3
+// Q tile, the ring of stages, the ones tile, the consumer warps' out staging, the staged bf16 Q.
 struct SharedMap {
-  u32 q, ring, ones;  // shared addresses
+  u32 q, ring, ones, q_staged;  // shared addresses
   u8* out_stage;
   __device__ __forceinline__ u32 stage(int i) const { return ring + i * kStageBytes; }
 };
 
 // full[s]: the stage's TMA bytes landed (one arrival, the producer's, plus the bytes); empty[s]:
-// every consumer warp is done with it (kConsumerWarps arrivals); q_full / q_empty likewise for Q.
+// every consumer warp is done with it (kConsumerWarps arrivals); q_full / q_empty likewise for the
+// staged bf16 Q, which the consumers release once they have read it (not after the tile's last S).
 struct Barriers {
   u64* full;
   u64* empty;

@@ -38,7 +38,6 @@ __device__ __forceinline__ void one_block_tile(float (&o)[64], float& m0, float&
   const u32 k_rows = sm.stage(slot.index);
   float s[32];
   compute_s_sync(s, a_q + 16 * warp * HD, k_rows, lane);
-  if (lane == 0) mbar_arrive(bar.q_empty);  // the tile's last read of Q
   const float cb0 = tl.c0 * sk, cb1 = tl.c1 * sk;
   float mx0, mx1, a0, a1;
   u32 pa[kBlockKeys / 32][4];

@@ -2,8 +2,8 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_layout.cuh"
 
-// Per work tile: the tile's Q (one box of BQ query rows of the tile's head, once the previous
-// tile's last S has read the Q tile), then its keys a stage at a time into the ring, each stage a
+// Per work tile: the tile's bf16 Q (one box of BQ query rows x the head's 256 bytes, once the
+// consumers have read the previous tile's), then its keys a stage at a time into the ring, each stage a
 // K box (128 key rows) and a V^T box (128 channel rows x the stage's 128 keys), each once the
 // consumers have freed that ring slot. Rows past the tokens come in as zeros (TMA's fill).
 __device__ __forceinline__ void produce(const AttentionParams& maps, const Args& p, const SharedMap& sm,
@@ -17,10 +17,10 @@ __device__ __forceinline__ void produce(const AttentionParams& maps, const Args&
     const int* w = p.tiles + (i64)tile * TILE_INTS;
     const int start = __ldg(w), len = __ldg(w + 1), q0 = __ldg(w + 2), h = __ldg(w + 3), seg = __ldg(w + 4);
     const int kb0 = __ldg(p.block_offset + seg);
-    mbar_wait(bar.q_empty, q_slot.phase ^ 1);  // the previous tile's last S is done
+    mbar_wait(bar.q_empty, q_slot.phase ^ 1);  // the consumers have read the previous tile's Q
     q_slot.advance();
-    mbar_arrive_expect_tx(bar.q_full, kQBytes);
-    tma_load_2d(sm.q, &maps.map_q, h * HD, q0, bar.q_full);
+    mbar_arrive_expect_tx(bar.q_full, kQStagedBytes);
+    tma_load_2d(sm.q_staged, &maps.map_q, h * 2 * HD, q0, bar.q_full);
 #pragma unroll 1
     for (int j = 0; j * kStageKeys < len; ++j) {
       u64* full = &bar.full[slot.index];

@@ -47,7 +47,6 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
       fence_regs(s[i]);
       fence_regs(s_hi[i]);
     }
-    if (st == tl.n_stages - 1 && lane == 0) mbar_arrive(bar.q_empty);  // the tile's last S is done
     const int valid = tl.len - st * kStageKeys;  // keys of the segment from this stage's first
     const float cb0 = tl.c0 * sk, cb1 = tl.c1 * sk;
     float x0, x1, y0, y1, a0, a1;

@@ -77,6 +77,8 @@ def test_quant_pass_bytes_count_what_each_pass_moves():
     assert set(short) == {"q_kernel", "k_segment_kernel", "v_segment_kernel"}
     assert short["k_segment_kernel"] == 3 * e + 64 * 56 * 128 * 4 + 4 * 128 * 56  # codes, mu, s_k of 128 blocks
     assert sum(short.values()) < sum(b.values()) - 4 * e
+    hopper = attention_quant_pass_bytes([256] * 64, 56, with_q=False)  # the Hopper kernel quantizes Q itself
+    assert set(hopper) == {"k_segment_kernel", "v_segment_kernel"} and hopper["k_segment_kernel"] == short["k_segment_kernel"]
 
 
 def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):

@@ -401,6 +401,11 @@ def test_launch_values_fit_the_kernels_parameters(monkeypatch):
     build = L.AttentionBuild("sm_90")
     assert build.kernel_params(L.KERNEL) == L.PARAMS and build.kernels == (L.KERNEL,)
     assert len(L.PARAMS) == 19  # 13 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
+    assert [name for name, *_ in L.quant_launches(0, 300, 2, 3, 4, ptr, ptr, ptr, ptr, 1, ptr, ptr, ptr,
+                                                  with_q=False)] == [name for name, *_ in own][1:]
+    assert [name for name, *_ in L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, None, ptr, ptr,
+                                                    with_q=False)] == ["k_quant_kernel", "v_quant_kernel"]
+    assert L.runs_q_pass(build) and not L.runs_q_pass(L.hopper.AttentionBuild())
 
 
 def test_mma_sync_builds_are_values_one_per_form_of_the_arch():

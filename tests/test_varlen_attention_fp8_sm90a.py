@@ -48,7 +48,7 @@ def test_varlen_sm90a_touches_no_wgmma_register_in_flight(build):
 def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
     """The launch layer's PARAMS lays AttentionParams out as the compiler does (the static_asserts
     of every offset and of the size compile), the maps first and 64-byte aligned, then the
-    mma.sync kernel's parameters in its order less q8, k8, v8t and v_pitch."""
+    mma.sync kernel's parameters in its order less q8, s_q, k8, v8t and v_pitch."""
     build = hopper.AttentionBuild()
     compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False,
                            appended=hopper.PARAMS.c_layout_checks())
@@ -57,9 +57,9 @@ def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
         compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False, appended=wrong)
     offsets = hopper.PARAMS.offsets
     assert [offsets[m] for m in ("map_q", "map_k", "map_v", "tiles")] == [0, 128, 256, 384]
-    assert len(hopper.PARAMS.fields) == 18 and hopper.PARAMS.size == 512
+    assert len(hopper.PARAMS.fields) == 17 and hopper.PARAMS.size == 512
     formats = tuple(fmt for _, fmt in hopper.PARAMS.fields)
-    assert formats[3:] == L.PARAMS[:3] + (L.PARAMS[4], L.PARAMS[6]) + L.PARAMS[8:11] + L.PARAMS[12:]
+    assert formats[3:] == L.PARAMS[:3] + (L.PARAMS[6],) + L.PARAMS[8:11] + L.PARAMS[12:]
     assert all(b.kernel_params(k) is hopper.PARAMS for b in SHIPPED for k in b.kernels)
 
 
@@ -105,9 +105,9 @@ def test_varlen_sm90a_constants_fit_the_kernel_and_sm90():
     assert hopper.THREADS == 384 and hopper.SMEM_BYTES <= 227 * 1024
 
 
-def test_varlen_sm90a_maps_cover_the_workspace(monkeypatch):
+def test_varlen_sm90a_maps_cover_q_and_the_workspace(monkeypatch):
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
-    assert hopper.maps(1, 10, 2, 12, 3, 4, 256) == ((1, 10, 4 * 128, 128), (2, 12, 4 * 128, 128),
+    assert hopper.maps(1, 10, 2, 12, 3, 4, 256) == ((1, 10, 4 * 256, 128, 256), (2, 12, 4 * 128, 128),
                                                     (3, 4 * 128, 256, 128))
 
 
@@ -356,10 +356,12 @@ def test_varlen_sm90a_softmax_scale_and_zero_scales(seed):
 
 
 def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(monkeypatch, stand_in_plan):
-    """Form 3 through the launch layer with stand-in scratch: the same passes and plan as form
-    0, then one launch of the exact-l build when the call wants the lse (else the plain one),
-    its struct's maps covering the workspace's q8, k8 (heads * 128 bytes per token) and v8t
-    (v_pitch bytes per channel row), every field named; run() returns the launch's record."""
+    """Form 3 through the launch layer with stand-in scratch: the plan of form 0 and its passes
+    less the Q pass, then one launch of the exact-l build when the call wants the lse (else the
+    plain one), its struct's maps covering the caller's bf16 q (heads * 256 bytes per token), the
+    workspace's k8 (heads * 128) and v8t (v_pitch bytes per channel row), every field named;
+    run() returns the launch's record. A q off a 16-byte boundary is copied to the scratch's end
+    first, and the map is that copy's."""
     from h3kernels._launch import varlen_attention_fp8_plan as P
     from h3kernels.constants import HEAD_DIM, K_BLOCK
 
@@ -369,7 +371,9 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     stand_in_plan.set((len(tiles), len(block_offset), len(blocks), len(q_bounds)))
 
 
-    launched = []
+    launched, passes, copies = [], [], []
+    monkeypatch.setattr(L, "quant_launches", lambda *a: passes.append(a) or [])
+    stand_in_plan.call.copy = lambda dst, src, count: copies.append((dst, src, count))
     monkeypatch.setattr(hopper, "tensor_map", lambda *a: a)
     monkeypatch.setattr(hopper, "launch_values", hopper.launch_values.__wrapped__)  # no cached real maps
     monkeypatch.setattr(hopper, "launch", lambda call, n, build, values: launched.append((n, build, values)) or "rec")
@@ -381,13 +385,35 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     assert build == hopper.AttentionBuild(lse=True) and plain == hopper.AttentionBuild(lse=False)
     parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
     assert n_tiles == len(tiles) == 10 and v._fields == hopper.PARAMS.names
-    assert (v.map_q, v.map_k, v.map_v) == ((base + parts["q8"][0], cu[-1], heads * 128, 128),
+    assert (v.map_q, v.map_k, v.map_v) == ((q.data_ptr(), cu[-1], heads * 256, 128, 256),
                                            (base + parts["k8"][0], cu[-1], heads * 128, 128),
                                            (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
     assert (v.tiles, v.n_tiles, v.block_offset, v.q_bounds) == (11, n_tiles, 12, 14)
-    assert (v.s_q, v.s_k, v.s_v, v.mu) == tuple(base + parts[n][0] for n in ("s_q", "s_k", "s_v", "mu"))
+    assert (v.s_k, v.s_v, v.mu) == tuple(base + parts[n][0] for n in ("s_k", "s_v", "mu"))
     assert (v.out, v.q, v.lse, without_lse.lse) == (out.data_ptr(), q.data_ptr(), lse.data_ptr(), 0)
     assert (v.heads, v.scale_log2, v.tokens, v.softmax_scale) == (heads, 0.125 * L.LOG2E, cu[-1], 0.125)
+    assert [a[-1] for a in passes] == [False, False] and not copies  # no Q pass; q read in place
+    shifted = torch.zeros(cu[-1] * heads * HEAD_DIM + 4, dtype=torch.bfloat16)[4:].view(cu[-1], heads, HEAD_DIM)
+    assert shifted.data_ptr() % 16 == 8
+    L.run(stand_in_plan.call, shifted, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3)
+    _, size = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    assert copies == [(base + size, shifted.data_ptr(), shifted.numel() * 2)]
+    assert launched[-1][2].map_q[0] == base + size and launched[-1][2].q == shifted.data_ptr()
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_varlen_sm90a_q_off_a_16_byte_boundary_gives_the_same_bits(seed):
+    """The kernel's TMA reads q from a 16-byte boundary; a q only 8-byte aligned is copied to one
+    first, and out is the same bits as from an aligned q."""
+    q, k, v, cu_dev, cu = make_attention_inputs([300, 1, 129], 4, device="cuda", seed=seed)
+    flat = torch.empty(q.numel() + 4, dtype=q.dtype, device="cuda")
+    shifted = flat[4:].view_as(q)
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 16 == 8
+    want, got = run3(q, k, v, cu_dev, cu), run3(shifted, k, v, cu_dev, cu)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

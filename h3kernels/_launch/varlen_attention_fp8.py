@@ -113,24 +113,34 @@ def _offsets(tokens, heads, segments, key_blocks):
 
 
 def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base,
-                   one_read=False):
+                   one_read=False, with_q=True):
     """[(name, kernel, grid (x, y), threads, values)] of the quantization passes: q, k, v, cu (the device
     cu_seqlens, int32, `cu_stride` elements apart) and the plan's block_offset (int32) and
     blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout()). one_read: every
-    segment has at most SEGMENT_KEYS keys (plan.one_read), so the K and V passes read them once."""
+    segment has at most SEGMENT_KEYS keys (plan.one_read), so the K and V passes read them once;
+    with_q False: no Q pass (the Hopper kernel quantizes Q itself, runs_q_pass)."""
     return [(name, numba_ptx.kernel(name, device_id), grid, threads, values) for name, grid, threads, values in
-            _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read)]
+            _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read,
+                          with_q)]
+
+
+def runs_q_pass(build):
+    """Whether the attention kernel of `build` (attention_build's) reads the Q pass's q8 and s_q:
+    the mma.sync kernel does; the Hopper kernel quantizes each Q tile itself, bit for bit alike."""
+    return not isinstance(build, hopper.AttentionBuild)
 
 
 @functools.lru_cache(maxsize=64)
-def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read=False):
+def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read=False,
+                  with_q=True):
     """quant_launches without the kernels: ((name, grid, threads, values), ...). Every value is a
     function of these ints alone, so a call that repeats them (the same arrays, plan and
     workspace: the usual steady state) reuses the tuples instead of building them again."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
     out = []
     add = lambda *launch: out.append(launch)  # noqa: E731
-    _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
+    if with_q:
+        _q_pass(add, tokens * heads, q, base + o_q8, base + o_sq)
     if one_read:
         if segments and tokens:
             _one_read_passes(add, tokens, heads, segments, n, k, v, _cu_values(segments, cu, cu_stride), block_offset,
@@ -219,16 +229,18 @@ def _kv_passes(add, tokens, heads, segments, n, k, v, mu, s_v, blocks, k8, s_k, 
              *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 
 
-def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, s_k, blocks, base):
-    """The passes of run_partial: the Q pass over q, the K and V passes over the key block with the
-    caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics passes) and,
-    where s_k is an address, the caller's K scales (f32 [n, heads]), into the workspace at `base`
-    laid out for max(tokens_q, tokens_k) tokens."""
+def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v, mu, s_v, s_k, blocks, base,
+                     with_q=True):
+    """The passes of run_partial: the Q pass over q (where with_q), the K and V passes over the key
+    block with the caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics
+    passes) and, where s_k is an address, the caller's K scales (f32 [n, heads]), into the
+    workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
     (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
     out = []
     add = lambda name, grid, threads, values: out.append((name, numba_ptx.kernel(name, device_id), grid, threads,
                                                           values))
-    _q_pass(add, tokens_q * heads, q, base + o_q8, base + o_sq)
+    if with_q:
+        _q_pass(add, tokens_q * heads, q, base + o_q8, base + o_sq)
     _kv_passes(add, tokens_k, heads, segments, n, k, v, mu, s_v, blocks, base + o_k8,
                base + o_sk if s_k is None else s_k, base + o_v8t, k_scale_given=s_k is not None)
     return out
@@ -243,10 +255,11 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
     segments = len(cu_host) - 1
     cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
     one_read = plan.one_read(cu_host)
+    build = attention_build(call.device_id, form, lse is not None)
     passes = lambda n, block_offset, blocks, base: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
-        cu_stride, block_offset, blocks, base, one_read)
-    return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
+        cu_stride, block_offset, blocks, base, one_read, runs_q_pass(build))
+    return _attend(call, build, (cu_host, heads),
                    lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
                    scale, CAPTURE_ADVICE, keep)
 
@@ -264,10 +277,11 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k,
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
     s_k = None if s_k is None else data_ptr(s_k)
+    build = attention_build(call.device_id, form, exact_lse)
     passes = lambda n, block_offset, blocks, base: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
-        data_ptr(s_v), s_k, blocks, base)
-    return _attend(call, attention_build(call.device_id, form, exact_lse), ("cross", cu_q, cu_k, heads),
+        data_ptr(s_v), s_k, blocks, base, runs_q_pass(build))
+    return _attend(call, build, ("cross", cu_q, cu_k, heads),
                    lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
                    q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE, s_k=s_k)
 
@@ -291,7 +305,13 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
             return None
         tiles, block_offset, blocks, q_bounds = held_plan.ptrs
         offsets, size = _offsets(ws_tokens, heads, segments, n)
-        held = workspace.scratch(call, size)
+        tokens = int(q.shape[0])
+        hopper_build = isinstance(build, hopper.AttentionBuild)
+        # the Hopper kernel's TMA reads q from a 16-byte boundary; q itself needs only 8 (the Q
+        # pass's quads): a q off that boundary is copied to one at the scratch's end
+        q_bytes = tokens * heads * HEAD_DIM * 2
+        q_copy = hopper_build and data_ptr(q) % hopper.Q_ALIGN != 0
+        held = workspace.scratch(call, size + (q_bytes if q_copy else 0))
         if keep is not None:
             keep += [held, held_plan]
         base, stream = data_ptr(held), call.stream_ptr
@@ -303,10 +323,13 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
         mu = base + o_mu if mu is None else mu
         s_k = base + o_sk if s_k is None else s_k
         lse_ptr = 0 if lse is None else data_ptr(lse)
-        tokens = int(q.shape[0])
-        if isinstance(build, hopper.AttentionBuild):  # K rows past the keys' tokens are masked, whatever they hold
-            values = hopper.launch_values(base + o_q8, base + o_k8, base + o_v8t, ws_tokens, n * K_BLOCK, tiles,
-                                          n_tiles, block_offset, base + o_sq, s_k, s_v, data_ptr(out), heads,
+        if hopper_build:  # K rows past the keys' tokens are masked, whatever they hold
+            q_map = data_ptr(q)
+            if q_copy:
+                q_map = base + size
+                call.copy(q_map, data_ptr(q), q_bytes)
+            values = hopper.launch_values(q_map, base + o_k8, base + o_v8t, ws_tokens, n * K_BLOCK, tiles,
+                                          n_tiles, block_offset, s_k, s_v, data_ptr(out), heads,
                                           scale * LOG2E, lse_ptr, data_ptr(q), mu, tokens, scale, q_bounds)
             return hopper.launch(call, n_tiles, build, values)
         f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)

@@ -172,6 +172,12 @@ class Call:
 
         runtime.memsetAsync(address, 0, count, self.stream_ptr)
 
+    def copy(self, dst, src, count):
+        """Stream-ordered copy of `count` bytes between device addresses."""
+        from cupy_backends.cuda.api import runtime
+
+        runtime.memcpyAsync(dst, src, count, runtime.memcpyDeviceToDevice, self.stream_ptr)
+
     def empty(self, shape, dtype):
         """A new array of the caller's kind on the call's device, stream-ordered."""
         if self.kind == "torch":

@@ -250,8 +250,8 @@ def fp8_lines(rows, extra):
     from h3kernels.peers.fp8_attention import PEERS
 
     peers = [(f"{key}_ms", label) for key, label, _, _ in PEERS if any(f"{key}_ms" in r for r in rows)]
-    lines = ["attention, ms: ours whole call and its kernel alone (no quantization passes) beside the FP8 peers "
-             "(the FP8 ones their kernel alone, operands quantized beforehand)",
+    lines = ["attention, ms: ours whole call and its kernel alone (no quantization passes; form 3's kernel quantizes "
+             "Q itself) beside the FP8 peers (the FP8 ones their kernel alone, operands quantized beforehand)",
              f"{'case':<28} {'form':>4} {'ours':>9} {'kernel':>9}" + "".join(f" {label:>17}" for _, label in peers)]
     for r in rows:
         kernel = f"{r['ours_kernel_ms']:9.3f}" if "ours_kernel_ms" in r else f"{'-':>9}"

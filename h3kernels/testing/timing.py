@@ -61,9 +61,10 @@ def row_stage_vs_copy(sets, a_q, a_s, rounds=5):
 class QuantPasses:
     """The attention's quantization launches (_launch.varlen_attention_fp8.quant_launches) of q,
     k, v (torch CUDA) over the segments of cu_seqlens_host, into a workspace of their own
-    (`mem`, laid out as `parts`), ready to run on their own."""
+    (`mem`, laid out as `parts`), ready to run on their own; with_q False: without the Q pass, as
+    a call of the Hopper kernel runs them (_launch.varlen_attention_fp8.runs_q_pass)."""
 
-    def __init__(self, q, k, v, cu_seqlens, cu_seqlens_host):
+    def __init__(self, q, k, v, cu_seqlens, cu_seqlens_host, with_q=True):
         import torch
 
         from h3kernels._launch import varlen_attention_fp8 as launch
@@ -82,7 +83,7 @@ class QuantPasses:
         self.launches = launch.quant_launches(self.call.device_id, self.tokens, self.heads, self.segments, self.n,
                                               q.data_ptr(), k.data_ptr(), v.data_ptr(), cu_seqlens.data_ptr(),
                                               cu_seqlens.stride(0), block_offset.data_ptr(), blocks.data_ptr(),
-                                              self.mem.data_ptr(), one_read(self.cu_host))
+                                              self.mem.data_ptr(), one_read(self.cu_host), with_q)
 
     def run(self, chosen=None):
         """Launches every pass (or the `chosen` launches) on the call's stream; the call's device
@@ -91,13 +92,13 @@ class QuantPasses:
             kern.launch(self.call.stream_ptr, grid, threads, values)
 
 
-def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5):
+def attention_quant_kernel_ms(q, k, v, cu_seqlens, cu_seqlens_host, budget_ms=150.0, reps=5, with_q=True):
     """(total, {kernel name: ms}): median ms of the attention's quantization passes alone, and of
-    each pass alone (QuantPasses), back-to-back between one pair of events, the batch sized to
-    about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
+    each pass alone (QuantPasses; with_q as there), back-to-back between one pair of events, the
+    batch sized to about budget_ms per timed run. q, k, v, cu_seqlens: torch CUDA tensors."""
     from h3kernels._runtime import arrays
 
-    passes = QuantPasses(q, k, v, cu_seqlens, cu_seqlens_host)
+    passes = QuantPasses(q, k, v, cu_seqlens, cu_seqlens_host, with_q)
     previous = passes.call.make_current()
     try:
         one = lambda: passes.run()
@@ -123,11 +124,12 @@ extern "C" __global__ void h3_spin(unsigned long long ns) {
 QUANT_PASSES_OF_COPY_WANTED = 0.70  # the attention's quantization passes: this share of a copy's rate
 
 
-def attention_quant_pass_bytes(lens, heads):
+def attention_quant_pass_bytes(lens, heads, with_q=True):
     """{pass: bytes it reads and writes} for segments `lens` (the launches of
     _launch.varlen_attention_fp8.quant_launches: bf16 in, e4m3 out, f32 scales, the two f32
     partial sums per key block and channel; V written in whole key blocks). Segments that all
-    take the one-read passes (plan.one_read) read K and V once and write no partial sums."""
+    take the one-read passes (plan.one_read) read K and V once and write no partial sums;
+    with_q False: no Q pass (the Hopper kernel's calls)."""
     from h3kernels._launch.varlen_attention_fp8_plan import one_read
 
     tokens, blocks = sum(lens), sum(-(-n // K_BLOCK) for n in lens)
@@ -136,7 +138,7 @@ def attention_quant_pass_bytes(lens, heads):
     seg_stat = segs * heads * HEAD_DIM * 4  # mu or s_v
     k_pass = 2 * e + e + seg_stat + 4 * blocks * heads
     v_pass = 2 * e + blocks * K_BLOCK * heads * HEAD_DIM + seg_stat
-    q_pass = {"q_kernel": 2 * e + e + 4 * tokens * heads}
+    q_pass = {"q_kernel": 2 * e + e + 4 * tokens * heads} if with_q else {}
     if one_read((0, *itertools.accumulate(lens))):
         return {**q_pass, "k_segment_kernel": k_pass, "v_segment_kernel": v_pass}
     return {**q_pass, "kv_block_kernel": 4 * e + part, "kv_segment_kernel": part + 2 * seg_stat,

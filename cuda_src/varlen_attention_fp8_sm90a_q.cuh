@@ -1,0 +1,94 @@
+// The Q tile's quantization in varlen_attention_fp8_sm90a.cu: each consumer warp turns its 16
+// bf16 query rows, staged by TMA, into the e4m3 rows its S wgmmas read, with the Q pass's
+// arithmetic (docs/spec.md, Attention): s_q = RN(amax / 448) over a row's 128 channels,
+// q8 = e4m3(RN(q / s_q)), zero codes for a zero scale. So q8 and s_q are the bits the Q pass
+// (h3kernels/_launch/numba/varlen_attention_fp8_quant.py, q_kernel) writes for the mma.sync
+// kernel, and the Q pass's read and write of Q are not needed on this path.
+#pragma once
+#include "varlen_attention_fp8_sm90a_layout.cuh"
+
+// RN(a / s) for a bf16 a of a row whose own amax gave s = RN(amax / 448) >= kMinFastScale, and
+// inv = RN(1 / s): q = RN(a inv) is within an ulp, and one correction by the exact remainder
+// rounds it (the Q pass's make_quotient, checked there for every bf16 a and amax). An exact
+// product keeps its own sign: the correction would turn a = -0 into +0.
+constexpr float kMinFastScale = 1e-30f;
+
+__device__ __forceinline__ float quotient(float a, float s, float inv) {
+  const float q = __fmul_rn(a, inv);
+  const float r = __fmaf_rn(-q, s, a);
+  return r == 0.f ? q : __fmaf_rn(r, inv, q);
+}
+
+// Eight bf16 values (a 16-byte chunk) -> eight e4m3 codes (two words, first value lowest), by
+// quotient() (fast) or by divisions (a scale below kMinFastScale, or an Inf in the row), zeros
+// for a zero or NaN scale.
+template <bool kFast>
+__device__ __forceinline__ uint2 e4m3x8(const uint4& w, float s, float inv) {
+  const u32 in[4] = {w.x, w.y, w.z, w.w};
+  u32 out[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = __uint_as_float(in[i] << 16), hi = __uint_as_float(in[i] & 0xFFFF0000u);
+    u32 code = 0u;
+    if constexpr (kFast)
+      code = e4m3x2_from_f32(quotient(lo, s, inv), quotient(hi, s, inv));
+    else if (s > 0.f)
+      code = e4m3x2_from_f32(__fdiv_rn(lo, s), __fdiv_rn(hi, s));
+    out[i / 2] |= code << (16 * (i % 2));
+  }
+  return make_uint2(out[0], out[1]);
+}
+
+// Warp `warp` of a consumer: rows 16 warp .. 16 warp + 15 of the warpgroup's 64, read from
+// `staged` (the warpgroup's bf16 rows, 256 bytes each, unswizzled) and written to `q8` (its e4m3
+// rows, the 128-byte swizzle; the rows' place in the 1024-byte swizzle pattern is row % 8). Lane
+// l takes half l % 2 of row l / 2: 8 chunks, in an order rotated by the row, so that the 32
+// lanes' 16-byte reads fall evenly on the bank groups. Returns s_q of the lane's row.
+__device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, int lane) {
+  const int r = lane >> 1, half = lane & 1;
+  const int row = 16 * warp + r;
+  uint4 w[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int chunk = 8 * half + ((j + r) & 7);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[j].x), "=r"(w[j].y), "=r"(w[j].z), "=r"(w[j].w)
+                 : "r"(staged + row * 2 * HD + chunk * 16));
+  }
+  // The amax on the bf16 bits: non-negative bf16 bits order as their values, and a NaN's bits
+  // exceed every number's, so a NaN reaches the scale (RN(NaN / 448): codes 0, S NaN, as the Q
+  // pass's NaN-keeping max gives)
+  u32 m = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    m = __vmaxu2(__vmaxu2(m, w[j].x & 0x7FFF7FFFu), __vmaxu2(w[j].y & 0x7FFF7FFFu, __vmaxu2(w[j].z & 0x7FFF7FFFu,
+                                                                                          w[j].w & 0x7FFF7FFFu)));
+  m = __vmaxu2(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  const float amax = __uint_as_float(max(m & 0xFFFFu, m >> 16) << 16);
+  const float s = __fdiv_rn(amax, 448.f);
+  // chunk j: 8 codes, half (chunk % 2) of 16-byte chunk chunk / 2 of the row's e4m3 bytes
+  const auto at = [&](int j) {
+    const int chunk = 8 * half + ((j + r) & 7);
+    return q8 + row * HD + ((((chunk >> 1) ^ (row & 7))) << 4) + (chunk & 1) * 8;
+  };
+  // a warp-uniform branch: a divergent one here cost the stage loop its uniform descriptors
+  if (__all_sync(0xFFFFFFFFu, s >= kMinFastScale && s < __int_as_float(0x7f800000))) {
+    const float inv = __fdiv_rn(1.f, s);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint2 codes = e4m3x8<true>(w[j], s, inv);
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(codes.x), "r"(codes.y) : "memory");
+    }
+  } else {  // rare (a row of the warp below kMinFastScale, or with an Inf): divisions, rolled
+#pragma unroll 1
+    for (int j = 0; j < 8; ++j) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(staged + row * 2 * HD + (8 * half + ((j + r) & 7)) * 16));
+      const uint2 codes = e4m3x8<false>(v, s, 1.f);
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(codes.x), "r"(codes.y) : "memory");
+    }
+  }
+  return s;
+}
