@@ -40,6 +40,9 @@ def test_workspace_layout_is_aligned_and_disjoint():
     assert all(off % 256 == 0 for off, _ in spans) and spans[-1][1] <= total
     assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))
     assert parts["v8t"][1] == (56, 128, 13 * 128)
+    hopper, smaller = L.layout(1000, 56, 7, 13, with_q=False)  # the Hopper kernel quantizes Q itself
+    assert hopper["q8"][1] == (0, 56, 128) and hopper["s_q"][1] == (0, 56)
+    assert total - smaller == 1000 * 56 * 128 + -(-1000 * 56 * 4 // 256) * 256
 
 
 # --- a lane-level emulation of the kernel ------------------------------------------------------

@@ -383,7 +383,8 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     L.run(stand_in_plan.call, q, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3)
     (n_tiles, build, v), (_, plain, without_lse) = launched
     assert build == hopper.AttentionBuild(lse=True) and plain == hopper.AttentionBuild(lse=False)
-    parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks), with_q=False)  # no q8, no s_q
+    assert parts["q8"][1][0] == parts["s_q"][1][0] == 0
     assert n_tiles == len(tiles) == 10 and v._fields == hopper.PARAMS.names
     assert (v.map_q, v.map_k, v.map_v) == ((q.data_ptr(), cu[-1], heads * 256, 128, 256),
                                            (base + parts["k8"][0], cu[-1], heads * 128, 128),
@@ -396,7 +397,7 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     shifted = torch.zeros(cu[-1] * heads * HEAD_DIM + 4, dtype=torch.bfloat16)[4:].view(cu[-1], heads, HEAD_DIM)
     assert shifted.data_ptr() % 16 == 8
     L.run(stand_in_plan.call, shifted, q, q, torch.tensor(cu, dtype=torch.int32), cu, heads, 0.125, out, 3)
-    _, size = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
+    _, size = L.layout(cu[-1], heads, len(cu) - 1, len(blocks), with_q=False)
     assert copies == [(base + size, shifted.data_ptr(), shifted.numel() * 2)]
     assert launched[-1][2].map_q[0] == base + size and launched[-1][2].q == shifted.data_ptr()
 

@@ -5,7 +5,8 @@ family (form 3) the Hopper kernel of cuda_src/varlen_attention_fp8_sm90a.cu
 (varlen_attention_fp8_sm90a.py).
 
 Scratch (h3kernels/_runtime/workspace.py): one buffer per call from the caller's allocator on
-its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums. The
+its stream, laid out by layout(): q8, k8, v8t, s_q, s_k, mu, s_v, the passes' partial sums (q8 and s_q
+empty for the Hopper kernel, which quantizes Q itself). The
 segment plan is the device's copy, built once per plan (workspace.PlanCache).
 """
 import contextlib
@@ -92,10 +93,12 @@ def _mma_build(arch, form):
 
 
 @functools.lru_cache(maxsize=64)
-def layout(tokens, heads, segments, key_blocks):
-    """({name: (byte offset, shape, raw dtype)}, size in bytes) of the workspace."""
-    parts = (("q8", (tokens, heads, HEAD_DIM), "uint8"), ("k8", (tokens, heads, HEAD_DIM), "uint8"),
-             ("v8t", (heads, HEAD_DIM, key_blocks * K_BLOCK), "uint8"), ("s_q", (tokens, heads), "float32"),
+def layout(tokens, heads, segments, key_blocks, with_q=True):
+    """({name: (byte offset, shape, raw dtype)}, size in bytes) of the workspace; with_q False: q8
+    and s_q hold no rows (runs_q_pass)."""
+    q_rows = tokens if with_q else 0
+    parts = (("q8", (q_rows, heads, HEAD_DIM), "uint8"), ("k8", (tokens, heads, HEAD_DIM), "uint8"),
+             ("v8t", (heads, HEAD_DIM, key_blocks * K_BLOCK), "uint8"), ("s_q", (q_rows, heads), "float32"),
              ("s_k", (key_blocks, heads), "float32"), ("mu", (segments, heads, HEAD_DIM), "float32"),
              ("s_v", (segments, heads, HEAD_DIM), "float32"),
              ("partials", (2, key_blocks, heads, HEAD_DIM), "float32"))
@@ -107,8 +110,8 @@ def layout(tokens, heads, segments, key_blocks):
 
 
 @functools.lru_cache(maxsize=64)
-def _offsets(tokens, heads, segments, key_blocks):
-    parts, nbytes = layout(tokens, heads, segments, key_blocks)
+def _offsets(tokens, heads, segments, key_blocks, with_q=True):
+    parts, nbytes = layout(tokens, heads, segments, key_blocks, with_q)
     return tuple(parts[n][0] for n in ("q8", "k8", "v8t", "s_q", "s_k", "mu", "s_v", "partials")), nbytes
 
 
@@ -136,7 +139,7 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     """quant_launches without the kernels: ((name, grid, threads, values), ...). Every value is a
     function of these ints alone, so a call that repeats them (the same arrays, plan and
     workspace: the usual steady state) reuses the tuples instead of building them again."""
-    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n)
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, o_part), _ = _offsets(tokens, heads, segments, n, with_q)
     out = []
     add = lambda *launch: out.append(launch)  # noqa: E731
     if with_q:
@@ -235,7 +238,7 @@ def partial_launches(device_id, tokens_q, tokens_k, heads, segments, n, q, k, v,
     block with the caller's mu and s_v (f32 [segments, heads, 128] addresses; no K/V statistics
     passes) and, where s_k is an address, the caller's K scales (f32 [n, heads]), into the
     workspace at `base` laid out for max(tokens_q, tokens_k) tokens."""
-    (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n)
+    (o_q8, o_k8, o_v8t, o_sq, o_sk, _, _, _), _ = _offsets(max(tokens_q, tokens_k), heads, segments, n, with_q)
     out = []
     add = lambda name, grid, threads, values: out.append((name, numba_ptx.kernel(name, device_id), grid, threads,
                                                           values))
@@ -304,9 +307,9 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
         if not n_tiles:
             return None
         tiles, block_offset, blocks, q_bounds = held_plan.ptrs
-        offsets, size = _offsets(ws_tokens, heads, segments, n)
-        tokens = int(q.shape[0])
         hopper_build = isinstance(build, hopper.AttentionBuild)
+        offsets, size = _offsets(ws_tokens, heads, segments, n, not hopper_build)
+        tokens = int(q.shape[0])
         # the Hopper kernel's TMA reads q from a 16-byte boundary; q itself needs only 8 (the Q
         # pass's quads): a q off that boundary is copied to one at the scratch's end
         q_bytes = tokens * heads * HEAD_DIM * 2

@@ -76,7 +76,7 @@ class QuantPasses:
         _, block_offset, blocks = (torch.from_numpy(a.copy()).to(q.device)
                                    for a in plan_arrays(self.cu_host, self.heads)[:3])
         self.n = int(blocks.shape[0])
-        self.parts, nbytes = launch.layout(self.tokens, self.heads, self.segments, self.n)
+        self.parts, nbytes = launch.layout(self.tokens, self.heads, self.segments, self.n, with_q)
         self.mem = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
         self._keep = (q, k, v, cu_seqlens, block_offset, blocks)  # the addresses below stay valid
         self.call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
