@@ -49,6 +49,10 @@ __device__ __forceinline__ u16 e4m3x2_from_f32(float lo, float hi) {
 
 __device__ __forceinline__ float f32_from_bf16(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
+// Two bf16 magnitudes (a u32 word) onto max bits m, per u16 lane. Non-negative bf16 bits order as
+// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
+__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
+
 __device__ __forceinline__ u16 bf16_from_f32(float f) {
   u16 r;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));

@@ -247,3 +247,10 @@ __device__ __forceinline__ void fence_regs(u32& r) { asm volatile("" : "+r"(r)::
 // Named barrier `id` (1..15; 0 is __syncthreads) over the 128 threads of one warpgroup, so a
 // consumer warpgroup can meet without the producer or the other consumer.
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+// Named barrier kId over kCount threads, both immediates. With a run-time id ptxas rebuilt the
+// attention stage loop's wgmma descriptors between its wgmmas (1.24x the kernel's time).
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}

@@ -23,10 +23,6 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // The y column of prepacked FC1 gate column pg (8 gate rows, then their 8 up rows).
 __device__ __forceinline__ int fc1_logical_column(int pg) { return (pg / 16) * 8 + (pg % 8); }
 
-// Four bf16 magnitudes (two u32 words) -> max bits, per u16 lane. Non-negative bf16 bits order as
-// their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
-__device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
-
 // Four bf16 values of a y row -> four e4m3 codes against the row's scale s.
 __device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
   if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0

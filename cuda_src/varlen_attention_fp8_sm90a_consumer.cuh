@@ -26,7 +26,7 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     __syncwarp();
     if (lane == 0) mbar_arrive(bar.q_empty);  // the warp's staged rows are read: the next tile's may land
     fence_proxy_async_shared();
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    named_barrier_sync<1, 256>();  // both consumers: they start every tile together
     // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);

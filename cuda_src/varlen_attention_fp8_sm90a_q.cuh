@@ -55,14 +55,11 @@ __device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, i
                  : "=r"(w[j].x), "=r"(w[j].y), "=r"(w[j].z), "=r"(w[j].w)
                  : "r"(staged + row * 2 * HD + chunk * 16));
   }
-  // The amax on the bf16 bits: non-negative bf16 bits order as their values, and a NaN's bits
-  // exceed every number's, so a NaN reaches the scale (RN(NaN / 448): codes 0, S NaN, as the Q
-  // pass's NaN-keeping max gives)
+  // The amax on the bf16 bits (abs_max2): a NaN reaches the scale (RN(NaN / 448): codes 0, S
+  // NaN, as the Q pass's NaN-keeping max gives)
   u32 m = 0u;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    m = __vmaxu2(__vmaxu2(m, w[j].x & 0x7FFF7FFFu), __vmaxu2(w[j].y & 0x7FFF7FFFu, __vmaxu2(w[j].z & 0x7FFF7FFFu,
-                                                                                          w[j].w & 0x7FFF7FFFu)));
+  for (int j = 0; j < 8; ++j) m = abs_max2(abs_max2(abs_max2(abs_max2(m, w[j].x), w[j].y), w[j].z), w[j].w);
   m = __vmaxu2(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
   const float amax = __uint_as_float(max(m & 0xFFFFu, m >> 16) << 16);
   const float s = __fdiv_rn(amax, 448.f);

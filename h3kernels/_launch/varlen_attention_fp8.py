@@ -258,11 +258,10 @@ def run(call, q, k, v, cu_seqlens, cu_host, heads, scale, out, form, lse=None, k
     segments = len(cu_host) - 1
     cu_stride = cu_seqlens.stride(0) if call.kind == "torch" else cu_seqlens.strides[0] // 4
     one_read = plan.one_read(cu_host)
-    build = attention_build(call.device_id, form, lse is not None)
-    passes = lambda n, block_offset, blocks, base: quant_launches(
+    passes = lambda n, block_offset, blocks, base, with_q: quant_launches(
         call.device_id, tokens, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(cu_seqlens),
-        cu_stride, block_offset, blocks, base, one_read, runs_q_pass(build))
-    return _attend(call, build, (cu_host, heads),
+        cu_stride, block_offset, blocks, base, one_read, with_q)
+    return _attend(call, attention_build(call.device_id, form, lse is not None), (cu_host, heads),
                    lambda: plan.plan_arrays(cu_host, heads), tokens, segments, heads, passes, q, out, lse, None, None,
                    scale, CAPTURE_ADVICE, keep)
 
@@ -280,11 +279,10 @@ def run_partial(call, q, k, v, cu_q, cu_k, heads, scale, out, lse, mu, s_v, s_k,
     tokens_q, tokens_k = int(q.shape[0]), int(k.shape[0])
     segments = len(cu_q) - 1
     s_k = None if s_k is None else data_ptr(s_k)
-    build = attention_build(call.device_id, form, exact_lse)
-    passes = lambda n, block_offset, blocks, base: partial_launches(
+    passes = lambda n, block_offset, blocks, base, with_q: partial_launches(
         call.device_id, tokens_q, tokens_k, heads, segments, n, data_ptr(q), data_ptr(k), data_ptr(v), data_ptr(mu),
-        data_ptr(s_v), s_k, blocks, base, runs_q_pass(build))
-    return _attend(call, build, ("cross", cu_q, cu_k, heads),
+        data_ptr(s_v), s_k, blocks, base, with_q)
+    return _attend(call, attention_build(call.device_id, form, exact_lse), ("cross", cu_q, cu_k, heads),
                    lambda: plan.cross_plan_arrays(cu_q, cu_k, heads), max(tokens_q, tokens_k), segments, heads, passes,
                    q, out, lse, data_ptr(mu), data_ptr(s_v), scale, PARTIAL_CAPTURE_ADVICE, s_k=s_k)
 
@@ -293,8 +291,9 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
             advice, keep=None, s_k=None):
     """What run and run_partial share: the device plan make_plan() gives (built once per key on
     the host), the call's scratch laid out for ws_tokens tokens, the passes
-    `passes(n, block_offset, blocks, base)` gives, then the attention kernel of `build` (an
-    AttentionBuild of this module or of the Hopper family's). mu, s_v and s_k: addresses, or None
+    `passes(n, block_offset, blocks, base, with_q)` gives (with_q: runs_q_pass(build)), then the
+    attention kernel of `build` (an AttentionBuild of this module or of the Hopper family's).
+    mu, s_v and s_k: addresses, or None
     for the scratch's own (which the passes fill); advice: the error's words under a capture that
     would need a new plan. Returns the attention kernel's LaunchRecord; the
     scratch goes back to the caller's allocator, stream-ordered, when the launches are queued."""
@@ -307,26 +306,26 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
         if not n_tiles:
             return None
         tiles, block_offset, blocks, q_bounds = held_plan.ptrs
-        hopper_build = isinstance(build, hopper.AttentionBuild)
-        offsets, size = _offsets(ws_tokens, heads, segments, n, not hopper_build)
+        with_q = runs_q_pass(build)  # else the Hopper kernel, which quantizes Q itself from q
+        offsets, size = _offsets(ws_tokens, heads, segments, n, with_q)
         tokens = int(q.shape[0])
         # the Hopper kernel's TMA reads q from a 16-byte boundary; q itself needs only 8 (the Q
         # pass's quads): a q off that boundary is copied to one at the scratch's end
         q_bytes = tokens * heads * HEAD_DIM * 2
-        q_copy = hopper_build and data_ptr(q) % hopper.Q_ALIGN != 0
+        q_copy = not with_q and data_ptr(q) % hopper.Q_ALIGN != 0
         held = workspace.scratch(call, size + (q_bytes if q_copy else 0))
         if keep is not None:
             keep += [held, held_plan]
         base, stream = data_ptr(held), call.stream_ptr
         o_q8, o_k8, o_v8t, o_sq, o_sk, o_mu, o_sv, _ = offsets
         launched = True
-        for _, kern, grid, threads, values in passes(n, block_offset, blocks, base):
+        for _, kern, grid, threads, values in passes(n, block_offset, blocks, base, with_q):
             kern.launch(stream, grid, threads, values)
         s_v = base + o_sv if s_v is None else s_v
         mu = base + o_mu if mu is None else mu
         s_k = base + o_sk if s_k is None else s_k
         lse_ptr = 0 if lse is None else data_ptr(lse)
-        if hopper_build:  # K rows past the keys' tokens are masked, whatever they hold
+        if not with_q:  # K rows past the keys' tokens are masked, whatever they hold
             q_map = data_ptr(q)
             if q_copy:
                 q_map = base + size
