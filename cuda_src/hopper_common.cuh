@@ -162,6 +162,17 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], u64 desc_a,
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// The same for a 64 x 56 x 32 step (7 n8 blocks): the quarters of a 224-column MLP tile.
+__device__ __forceinline__ void wgmma_m64n56k32_e4m3(float (&d)[28], u64 desc_a, u64 desc_b, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %30, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n56k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, "
+      "%28, %29, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // d (+)= A . B^T for a 64 x 256 x 32 step (hopper_common.cuh's m64n128 fragment over 32 n8
 // blocks: register i in 0..127 at row 16 w + l / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4) + i % 2).
 __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], u64 desc_a, u64 desc_b, int accumulate) {

@@ -77,7 +77,7 @@ struct Loader {
   __device__ __forceinline__ void start(int first_tile) {  // keeps `slot`: the ring runs on
     tile = first_tile;
     kt = 0;
-    if (tile < m_tiles * n_tiles) tile_origin(tile, m_tiles, n_tiles, m0, n0);
+    if (tile < m_tiles * n_tiles) tile_origin(tile, m_tiles, n_tiles, BN, m0, n0);
   }
   __device__ __forceinline__ void load_next() {
     if (tile < m_tiles * n_tiles) {
@@ -150,7 +150,7 @@ __device__ __forceinline__ void persistent_gemm(u8* smem, const u8* __restrict__
   int slot = 0;
   for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
     int m0, n0;
-    tile_origin(tile, m_tiles, n_tiles, m0, n0);
+    tile_origin(tile, m_tiles, n_tiles, BN, m0, n0);
     float acc[4][4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)

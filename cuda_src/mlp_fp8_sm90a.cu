@@ -14,29 +14,28 @@
 
 // The build's constants, from h3kernels/_launch/mlp_fp8_sm90a.py (MlpBuild, NVRTC -D), which
 // explains each value.
-#if !defined(H3_BM) || !defined(H3_BN) || !defined(H3_BK) || !defined(H3_STAGES) || !defined(H3_GROUP_M) || \
+#if !defined(H3_BM) || !defined(H3_BK) || !defined(H3_STAGES) || !defined(H3_GROUP_M) || \
     !defined(H3_PRODUCER_REGS) || !defined(H3_CONSUMER_REGS) || !defined(H3_FC1_EPI_BLOCKS) || \
     !defined(H3_FC2_EPI_BLOCKS) || !defined(H3_QUANT_THREADS) || !defined(H3_HIDDEN) || !defined(H3_FFN) || \
     !defined(H3_FC1_OUT)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
-static constexpr int BM = H3_BM, BN = H3_BN, BK = H3_BK, STAGES = H3_STAGES, GROUP_M = H3_GROUP_M;
+static constexpr int BM = H3_BM, BK = H3_BK, STAGES = H3_STAGES, GROUP_M = H3_GROUP_M;
 static constexpr int PRODUCER_REGS = H3_PRODUCER_REGS, CONSUMER_REGS = H3_CONSUMER_REGS;
 static constexpr int FC1_EPI_BLOCKS = H3_FC1_EPI_BLOCKS, FC2_EPI_BLOCKS = H3_FC2_EPI_BLOCKS;
 static constexpr int QUANT_THREADS = H3_QUANT_THREADS;
 static constexpr int HIDDEN = H3_HIDDEN, FFN = H3_FFN, FC1_OUT = H3_FC1_OUT;
-static_assert(BM == 128 && BN == 256 && BK == 128,
-              "the warpgroup roles assume 128 x 256 output tiles and K slices of one 128-byte swizzled row");
-static_assert(HIDDEN % BK == 0 && FFN % BK == 0 && FC1_OUT % BN == 0 && HIDDEN % BN == 0 &&
-                  FFN % (8 * QUANT_THREADS) == 0,
+static_assert(BM == 128 && BK == 128,
+              "the warpgroup roles assume 128-row output tiles and K slices of one 128-byte swizzled row");
+// The output tile widths the GEMMs are instantiated for (the entries at the end of this file).
+static_assert(HIDDEN % BK == 0 && FFN % BK == 0 && FC1_OUT % 256 == 0 && HIDDEN % 256 == 0 && FC1_OUT % 224 == 0 &&
+                  HIDDEN % 224 == 0 && FFN % (8 * QUANT_THREADS) == 0,
               "the sizes must be whole numbers of tiles");
 
 #include "mlp_fp8_common.cuh"
 #include "mlp_fp8_sm90a_gemm.cuh"
 
-static constexpr int HALF_N = 128;  // columns of one m64n128 accumulator half
-static_assert(FC1_EPI_BLOCKS % 2 == 0 && (HALF_N / 8) % FC1_EPI_BLOCKS == 0 && (HALF_N / 8) % FC2_EPI_BLOCKS == 0,
-              "FC1_EPI_BLOCKS (even) and FC2_EPI_BLOCKS divide the 16 n8 blocks of a half tile");
+static_assert(FC1_EPI_BLOCKS % 2 == 0, "FC1's epilogue groups hold whole (gate, up) pairs of n8 blocks");
 
 // SiLU with the special-function unit's exp and reciprocal: the contract allows a fast exp;
 // CUDA bounds __expf within 2 + 1.2 |g| FP32 ulps and __fdividef within 2 (for these
@@ -87,20 +86,25 @@ struct QuantParams {
   float* y_scale;
 };
 
-// The epilogues run in each consumer thread of a tile: thread t of a consumer warpgroup holds
-// rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per half h and n8 block j, columns
-// 128 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e]. The entries read their struct's fields
+// The epilogues run in each consumer thread of a BN-column tile: thread t of a consumer
+// warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per half h and n8 block j
+// (BN / 16 a half), columns BN / 2 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e]. An
+// epilogue takes its n8 blocks in groups (FC1_EPI_BLOCKS, FC2_EPI_BLOCKS); a 224-column tile's
+// 14 blocks a half end in a shorter group. The entries read their struct's fields
 // into locals once: the maps' addresses are taken, so the compiler would read a field again
 // after every store through a pointer.
 
 // FC1: n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the
 // prepacked row order), so one thread holds both operands of each SwiGLU.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(const __grid_constant__ Fc1Params p) {
+template <int BN>
+__device__ __forceinline__ void fc1(const Fc1Params& p) {
+  constexpr int HALF_N = BN / 2, HALF_BLOCKS = BN / 16;  // a half's columns and n8 blocks
   const float *a_scale = p.a_scale, *w1_scale = p.w1_scale;
   u16* y = p.y;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<HIDDEN>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][64], int r0, int n0) {
+  wgmma_gemm<HIDDEN, BN>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
+                                                                         int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // Every global load of a group of columns is issued before any of its arithmetic. Loaded
@@ -113,10 +117,11 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
   #pragma unroll
     for (int h = 0; h < 2; ++h)
   #pragma unroll
-      for (int j0 = 0; j0 < HALF_N / 8; j0 += FC1_EPI_BLOCKS) {
+      for (int j0 = 0; j0 < HALF_BLOCKS; j0 += FC1_EPI_BLOCKS) {
         float g_scale[FC1_EPI_BLOCKS / 2][2], u_scale[FC1_EPI_BLOCKS / 2][2];  // of the gate and up columns
   #pragma unroll
         for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
+          if (j0 + 2 * p >= HALF_BLOCKS) break;  // a constant once unrolled
           const int pg = col0 + h * HALF_N + 8 * (j0 + 2 * p);  // prepacked gate column (even, pg % 16 < 8)
   #pragma unroll
           for (int e = 0; e < 2; ++e) {  // scalar loads: the scale vectors may start at any float
@@ -134,6 +139,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
   #pragma unroll
           for (int p = 0; p < FC1_EPI_BLOCKS / 2; ++p) {
             const int j = j0 + 2 * p;
+            if (j >= HALF_BLOCKS) break;
             // both columns' roundings in one conversion each (the same RN bits as one at a time)
             float hg[2], hu[2], sg[2];
   #pragma unroll
@@ -155,7 +161,9 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma(c
 }
 
 // FC2: out may be residual itself.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(const __grid_constant__ Fc2Params p) {
+template <int BN>
+__device__ __forceinline__ void fc2(const Fc2Params& p) {
+  constexpr int HALF_N = BN / 2, HALF_BLOCKS = BN / 16;
   const float *y_scale = p.y_scale, *w2_scale = p.w2_scale;
   const u16* gate = p.gate;
   const i64 gate_stride = p.gate_stride, gate_rows = p.gate_rows;
@@ -164,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
   u16* out = p.out;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<FFN>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][64], int r0, int n0) {
+  wgmma_gemm<FFN, BN>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
+                                                                      int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
     // As in FC1, a group's loads (residual, gate, scales) all come before its arithmetic and
@@ -180,12 +189,13 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
   #pragma unroll
       for (int h = 0; h < 2; ++h)
   #pragma unroll
-        for (int j0 = 0; j0 < HALF_N / 8; j0 += FC2_EPI_BLOCKS) {
+        for (int j0 = 0; j0 < HALF_BLOCKS; j0 += FC2_EPI_BLOCKS) {
           u32 res[FC2_EPI_BLOCKS];
           u16 gates[FC2_EPI_BLOCKS][2];  // scalar loads: the scale vectors may start at any float
           float w_scale[FC2_EPI_BLOCKS][2];
   #pragma unroll
           for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
+            if (j0 + j >= HALF_BLOCKS) break;  // a constant once unrolled
             const int col = col0 + h * HALF_N + 8 * (j0 + j);
             res[j] = *reinterpret_cast<const u32*>(residual + (i64)row * HIDDEN + col);
   #pragma unroll
@@ -196,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
           }
   #pragma unroll
           for (int j = 0; j < FC2_EPI_BLOCKS; ++j) {
+            if (j0 + j >= HALF_BLOCKS) break;
             const int col = col0 + h * HALF_N + 8 * (j0 + j);
             // computed on guarded rows too and then not taken (a select, not a branch: inside a
             // branch ptxas moved the gate and scale loads back next to their use)
@@ -215,6 +226,21 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma(c
         }
     }
   });
+}
+
+// The entries: each GEMM at the tile widths the launch layer's plan picks from (mlp_fp8_sm90a.py,
+// WIDTHS): 256, and 224 where 256-column tiles would leave much of the last wave idle.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma_n256(const __grid_constant__ Fc1Params p) {
+  fc1<256>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma_n224(const __grid_constant__ Fc1Params p) {
+  fc1<224>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma_n256(const __grid_constant__ Fc2Params p) {
+  fc2<256>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma_n224(const __grid_constant__ Fc2Params p) {
+  fc2<224>(p);
 }
 
 // --- y quantization: one CTA per row, the row held in registers between its amax and its

@@ -1,5 +1,6 @@
 // The persistent wgmma GEMM of mlp_fp8_sm90a.cu: acc = A . B^T over K bytes of e4m3 for every
-// BM x BN output tile of this CTA, handed to an epilogue in registers. Needs the build's
+// BM x BN output tile of this CTA (BN 256 or 224, a template parameter: the launch layer's plan
+// picks it per GEMM and M), handed to an epilogue in registers. Needs the build's
 // constants (mlp_fp8_sm90a.cu), hopper_common.cuh and mlp_fp8_common.cuh (the tile walk).
 //
 // The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
@@ -13,17 +14,17 @@
 // Accumulation: the e4m3 wgmma keeps fewer bits than FP32 when it accumulates in the tensor
 // core over a long K. Each 128-wide K slice is therefore summed in the tensor core into a
 // zeroed partial (4 k32 steps), and the partial is added to FP32 registers ("promotion"), so
-// no more than 128 products ever meet inside the tensor core. A consumer's 64 x 256 output is
-// done per slice as four 64 x 64 quarters with two 32-register partials in turn: one
-// quarter's additions overlap the next quarter's wgmmas. 64 registers of partials sit beside
-// the 128 FP32 sums.
+// no more than 128 products ever meet inside the tensor core. A consumer's 64 x BN output is
+// done per slice as four 64 x BN / 4 quarters with two partials in turn: one quarter's additions
+// overlap the next quarter's wgmmas. At BN = 256, 64 registers of partials sit beside the 128
+// FP32 sums.
 #pragma once
 
 // The work split of a persistent GEMM (the launch layer's work_split() picks it).
 struct SplitK {
   int whole;        // tiles taken whole: a multiple of the grid's CTAs, or all tiles
   int parts;        // K ranges of each later tile (1: no tile is split)
-  float* partials;  // per split tile, warpgroup and part: 128 x 128 FP32 sums
+  float* partials;  // per split tile, warpgroup and part: 64 x BN FP32 sums
   int* counters;    // per split tile and warpgroup: parts done (0 before a launch, and the last
                     // part sets it back to 0)
 };
@@ -50,13 +51,15 @@ __device__ __forceinline__ WorkUnit work_unit(int u, const SplitK& split, int sl
 // last part (which then runs the epilogue). slot: the split tile's index. The stores, fence,
 // count and fence are the usual last-block pattern; the loads bypass L1 (.cg), which is not
 // coherent with other SMs' stores.
-__device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK& split, int part, int slot,
+template <int QN>
+__device__ __forceinline__ bool combine_parts(float (&acc)[2][QN], const SplitK& split, int part, int slot,
                                               int consumer) {
+  constexpr int N = 2 * QN, SLOT = 128 * N;  // a thread's sums; a part's sums of one warpgroup
   __shared__ int arrived[2];
   const int t = threadIdx.x & 127, counter = 2 * slot + consumer;
-  float* sums = split.partials + (i64)counter * split.parts * (128 * 128) + t;  // [part][i][thread]
+  float* sums = split.partials + (i64)counter * split.parts * SLOT + t;  // [part][i][thread]
 #pragma unroll
-  for (int i = 0; i < 128; ++i) __stcg(sums + (i64)part * (128 * 128) + 128 * i, acc[i >> 6][i & 63]);
+  for (int i = 0; i < N; ++i) __stcg(sums + (i64)part * SLOT + 128 * i, acc[i / QN][i % QN]);
   __threadfence();
   warpgroup_sync(1 + consumer);
   if (t == 0) arrived[consumer] = atomicAdd(split.counters + counter, 1);
@@ -64,23 +67,32 @@ __device__ __forceinline__ bool combine_parts(float (&acc)[2][64], const SplitK&
   if (arrived[consumer] != split.parts - 1) return false;
   __threadfence();
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] = __ldcg(sums + 128 * i);
+  for (int i = 0; i < N; ++i) acc[i / QN][i % QN] = __ldcg(sums + 128 * i);
 #pragma unroll 1
   for (int p = 1; p < split.parts; ++p)
 #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i >> 6][i & 63] += __ldcg(sums + (i64)p * (128 * 128) + 128 * i);
+    for (int i = 0; i < N; ++i) acc[i / QN][i % QN] += __ldcg(sums + (i64)p * SLOT + 128 * i);
   if (t == 0) split.counters[counter] = 0;
   return true;
 }
 
 static constexpr int GEMM_THREADS = 384;  // 3 warpgroups
 static constexpr int CONSUMER_WARPS = 8;
-static constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
+static constexpr int A_BYTES = BM * BK;
+
+// One k32 step of a quarter: 64 x QN x 32 (the m64n128 fragment over QN / 8 n8 blocks).
+template <int QN>
+__device__ __forceinline__ void wgmma_quarter(float (&d)[QN / 2], u64 desc_a, u64 desc_b, int accumulate) {
+  if constexpr (QN == 64)
+    wgmma_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
+  else
+    wgmma_m64n56k32_e4m3(d, desc_a, desc_b, accumulate);
+}
 
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
 // in as zeros from TMA), then epilogue(acc, m0 + 64 * consumer, n0) in each consumer thread,
-// acc[h][i] in the m64n128 fragment layout of half h (hopper_common.cuh). The epilogue must not
-// touch shared memory.
+// acc[h][i] in the m64n128 fragment layout of half h (hopper_common.cuh) over its BN / 16 n8
+// blocks. The epilogue must not touch shared memory.
 //
 // Work units (split): a persistent grid of P CTAs takes units c, c + P, ... The first
 // split.whole tiles (a multiple of P, so every CTA takes as many) are one unit each; each later
@@ -88,9 +100,12 @@ static constexpr int A_BYTES = BM * BK, STAGE_BYTES = (BM + BN) * BK;
 // keeps all P CTAs busy instead of its r < P. Each part's FP32 sums go to a slot of
 // split.partials; the last part of a tile to finish adds the slots in part order (the same bits
 // whichever finishes last) and runs the epilogue.
-template <int K, class Epilogue>
+template <int K, int BN, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
                                            const SplitK& split, Epilogue epilogue) {
+  static_assert(BN == 256 || BN == 224, "quarters of 64 or 56 columns (wgmma_quarter)");
+  constexpr int QN = BN / 4, QR = QN / 2;  // a quarter's columns and its partial's registers
+  constexpr int STAGE_BYTES = (BM + BN) * BK;  // a multiple of 1024, as the swizzle needs
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
@@ -117,7 +132,7 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       for (int unit = first_unit; unit < units; unit += unit_step) {
         const WorkUnit w = work_unit(unit, split, K / BK);
         int m0, n0;
-        tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
+        tile_origin(w.tile, m_tiles, n_tiles, BN, m0, n0);
 #pragma unroll 1
         for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
           mbar_wait(&empty[ring.index], ring.phase ^ 1);
@@ -138,26 +153,26 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
   // the stage read next, and the oldest stage still read: released in ring order, one slice behind
   PipelineState<STAGES> ring, held;
-  // Four 64 x 64 quarters per slice, two partials in turn: a quarter's wgmmas run while the
+  // Four 64 x QN quarters per slice, two partials in turn: a quarter's wgmmas run while the
   // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
-  float part[2][32];
+  float part[2][QR];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) part[0][i] = part[1][i] = 0.f;
+  for (int i = 0; i < QR; ++i) part[0][i] = part[1][i] = 0.f;
   for (int unit = first_unit; unit < units; unit += unit_step) {
     const WorkUnit w = work_unit(unit, split, K / BK);
     int m0, n0;
-    tile_origin(w.tile, m_tiles, n_tiles, m0, n0);
-    float acc[2][64];
+    tile_origin(w.tile, m_tiles, n_tiles, BN, m0, n0);
+    float acc[2][QN];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+      for (int i = 0; i < QN; ++i) acc[h][i] = 0.f;
     int kb = w.kb_begin;  // every unit has at least one slice
 #pragma unroll 1
     do {
       mbar_wait(&full[ring.index], ring.phase);
       // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
-      // 64 rows of B)
+      // QN rows of B: a multiple of the swizzle's 8 rows)
       const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
       const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
 #pragma unroll
@@ -165,15 +180,15 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < BK / 32; ++k)
-          wgmma_m64n64k32_e4m3(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * 64 * BK + 32 * k), k);
+          wgmma_quarter<QN>(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * QN * BK + 32 * k), k);
         wgmma_commit();
         wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
         const int pq = (q + 3) & 3;  // its quarter
         if (q > 0 || kb > w.kb_begin) {
 #pragma unroll
-          for (int i = 0; i < 32; ++i) {
+          for (int i = 0; i < QR; ++i) {
             fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
-            acc[pq >> 1][32 * (pq & 1) + i] += part[pq & 1][i];
+            acc[pq >> 1][QR * (pq & 1) + i] += part[pq & 1][i];
           }
         }
         // A stage is released only once the wait above covers its slice's last quarter: the
@@ -186,9 +201,9 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       if (kb == w.kb_end - 1) {  // the unit's last quarter
         wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
+        for (int i = 0; i < QR; ++i) {
           fence_regs(part[1][i]);
-          acc[1][32 + i] += part[1][i];
+          acc[1][QR + i] += part[1][i];
         }
         if (lane == 0) mbar_arrive(&empty[held.index]);
         held.advance();

@@ -4,7 +4,7 @@ speed with the code before it in one GPU run (lab/gpu_acceptance.sh does).
 
     PYTHONPATH=<checkout> python lab/ab_time.py --label new --json out.json
 
-MLP: minimax_h3_mlp_fp8(fp8_mma_form=3) at M = 16384, 4096, 1024, 256 with caller workspaces and out.
+MLP: minimax_h3_mlp_fp8(fp8_mma_form=3) at M = 16384, 4096, 1024, 256 (--mlp-rows) with caller workspaces and out.
 Attention: minimax_h3_varlen_attention_fp8(fp8_mma_form=3) on 4x4096, 1x16384, 16x1024, 64x256 tokens,
 56 heads, out preallocated and cu_seqlens_host given; 4x4096 also with return_lse (the lse build);
 each plain set's kernel alone as well (testing.timing.attention_kernel_alone).
@@ -73,6 +73,7 @@ def main():
     p.add_argument("--label", required=True)
     p.add_argument("--json", required=True)
     p.add_argument("--only", choices=("mlp", "attention"), help="time one operator")
+    p.add_argument("--mlp-rows", type=int, nargs="+", default=[16384, 4096, 1024, 256], help="the MLP's M values")
     a = p.parse_args()
     t0 = time.time()
     res = dict(label=a.label, package=h3kernels.__file__)
@@ -81,7 +82,7 @@ def main():
                               ("attention 1x16384", [16384], False), ("attention 16x1024", [1024] * 16, False),
                               ("attention 64x256", [256] * 64, False)]))
     if a.only != "attention":
-        res.update(mlp([16384, 4096, 1024, 256]))
+        res.update(mlp(a.mlp_rows))
     res["seconds"] = time.time() - t0
     with open(a.json, "a") as f:
         f.write(json.dumps(res) + "\n")

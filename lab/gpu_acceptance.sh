@@ -14,7 +14,7 @@
 #                                     on one GPU at 1 x 16384 (ring, Ulysses), lab/ring_step_cost.py
 #   bash lab/gpu_acceptance.sh pytest ARGS...   pytest with these arguments (a part of the suite)
 # H3_AB_ROUNDS: rounds of the speed comparison (2); H3_AB_SASS=0 leaves the SASS out; H3_AB_ONLY=mlp
-# (or attention) times one operator.
+# (or attention) times one operator; H3_AB_MLP_ROWS="M ..." the MLP's row counts.
 # lab/device_env.sh installs wheels placed in .whl/ (a numpy that numba-cuda supports, on a
 # machine whose own is newer) into /tmp/site; each side below has its own path and cache.
 set -u -o pipefail
@@ -38,8 +38,10 @@ ab)
   done
   fi
   for round in $(seq "${H3_AB_ROUNDS:-2}"); do
-    old timeout 150 python3 "$PWD/lab/ab_time.py" --label before --json "$OUT/ab.jsonl" ${H3_AB_ONLY:+--only $H3_AB_ONLY} 2>&1 | tail -1
-    new timeout 150 python3 lab/ab_time.py --label after --json "$OUT/ab.jsonl" ${H3_AB_ONLY:+--only $H3_AB_ONLY} 2>&1 | tail -1
+    old timeout 150 python3 "$PWD/lab/ab_time.py" --label before --json "$OUT/ab.jsonl" ${H3_AB_ONLY:+--only $H3_AB_ONLY} \
+      ${H3_AB_MLP_ROWS:+--mlp-rows $H3_AB_MLP_ROWS} 2>&1 | tail -1
+    new timeout 150 python3 lab/ab_time.py --label after --json "$OUT/ab.jsonl" ${H3_AB_ONLY:+--only $H3_AB_ONLY} \
+      ${H3_AB_MLP_ROWS:+--mlp-rows $H3_AB_MLP_ROWS} 2>&1 | tail -1
   done
   new python3 - "$OUT/ab.jsonl" <<'PY'
 import json, statistics, sys

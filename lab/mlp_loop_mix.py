@@ -49,7 +49,7 @@ CLASSES = (("HGMMA", "wgmma"), ("QGMMA", "wgmma"), ("WARPGROUP", "wgmma wait/arr
            ("IADD", "integer"), ("LOP", "integer"), ("ISETP", "integer"), ("SEL", "integer"), ("SHF", "integer"),
            ("LEA", "integer"), ("PRMT", "integer"), ("IABS", "integer"), ("VIADD", "integer"), ("PLOP", "integer"),
            ("P2R", "integer"), ("R2P", "integer"))
-KERNELS = ("h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma")
+KERNELS = ("h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma")  # stems: the entries are f"{stem}_n{width}"
 CONSUMER_WARPS_PER_SCHEDULER = 2  # 8 consumer warps over the SM's 4 schedulers
 FP32_CLOCKS = 1.19  # FFMA, clocks per warp instruction and scheduler (lab/sm90_pipe_rates.py)
 F2FP_CLOCKS = 4.19  # F2FP e4m3x2, the same
@@ -269,9 +269,11 @@ def main():
         f.write(cubin + b"\0" * (-len(cubin) % 8))
     code, labels = functions(sass_text(f.name))
     usage = res_usage(f.name)
-    for name, k, n in ((KERNELS[0], HIDDEN, FC1_OUT), (KERNELS[1], FFN, HIDDEN)):
-        g = dict(bm=L.BM, bn=L.BN, wg_n=L.BN, bk=L.BK, k=k, n=n)
-        analyse(name, code[name], labels[name], g, a, usage.get(name, "") + ptxas_notes(log, name))
+    for stem, k, n in ((KERNELS[0], HIDDEN, FC1_OUT), (KERNELS[1], FFN, HIDDEN)):
+        for width in L.WIDTHS:
+            name = L.gemm_kernel(stem, width)
+            g = dict(bm=L.BM, bn=width, wg_n=width, bk=L.BK, k=k, n=n)
+            analyse(name, code[name], labels[name], g, a, usage.get(name, "") + ptxas_notes(log, name))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,12 @@ def test_the_build_is_a_value():
         build.stages = 3
     d = build.defines()
     assert d["H3_STAGES"] == 4 and d["H3_BK"] == hopper.BK and d["H3_HIDDEN"] == HIDDEN
-    assert build.dynamic_smem(hopper.FC1) == build.dynamic_smem(hopper.FC2) == 4 * (128 + 256) * 128 + 1024
-    assert build.dynamic_smem(hopper.QUANT) == 0
-    assert hopper.MlpBuild(stages=3).dynamic_smem(hopper.FC2) == 3 * (128 + 256) * 128 + 1024
+    for width in hopper.WIDTHS:
+        fc1, fc2 = (hopper.gemm_kernel(stem, width) for stem in (hopper.FC1, hopper.FC2))
+        assert fc1 in build.kernels and fc2 in build.kernels
+        assert build.dynamic_smem(fc1) == build.dynamic_smem(fc2) == 4 * (128 + width) * 128 + 1024
+        assert hopper.MlpBuild(stages=3).dynamic_smem(fc2) == 3 * (128 + width) * 128 + 1024
+    assert build.dynamic_smem(hopper.QUANT) == 0 and hopper.WIDTHS == (256, 224)
     assert all(isinstance(build.kernel_params(k), launcher.ParamStruct) for k in build.kernels)
 
 
@@ -121,16 +124,32 @@ class FakeCall:
 def test_plan_sizes_its_workspace_for_the_larger_gemm(sms):
     sms(132)
     p = hopper.plan(0, 4096)
-    assert p.split == ((132, 3564, 6), (132, 660, 11))
-    assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.PARTIAL_BYTES  # FC2's 12 x 11
-    ctas, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
-    assert (ctas, held) == (132, None)
+    assert p.split == ((132, 3564, 6), (132, 660, 11)) and p.width == (256, 256)
+    assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.partial_bytes(256)  # FC2's 12 x 11
+    ctas, width, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
+    assert (ctas, width, held) == (132, 256, None)
     assert fields == (660, 11, (1 << 20) + 256, 1 << 20)  # split_whole, split_parts, partials, counters
     full = hopper.plan(0, 132 * hopper.BM)  # both GEMMs' waves full: no split, no workspace
     assert full.workspace_bytes == 0 and full.split == ((132, 132 * 112, 1), (132, 132 * 21, 1))
     call = FakeCall()
-    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, (132 * 21, 1, 0, 0), None)
+    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, 256, (132 * 21, 1, 0, 0), None)
     assert call.done == []
+    p = hopper.plan(0, 2176)  # FC2 in 224-column tiles, split: partials of that width
+    assert p.width == (256, 224) and p.split[1] == (132, 396, 11)
+    assert p.counter_bytes == 512  # FC1's 56 split tiles x 2 warpgroups
+    assert p.workspace_bytes == 512 + 12 * 11 * hopper.partial_bytes(224)  # over FC1's 56 x 2 x partial_bytes(256)
+
+
+@pytest.mark.parametrize("m,widths", [(1, (224, 256)), (256, (224, 256)), (512, (256, 224)), (1024, (256, 256)),
+                                      (2048, (256, 224)), (4096, (256, 256)), (16384, (256, 256))])
+def test_tile_width_narrows_only_where_the_last_wave_would_idle(sms, m, widths):
+    """At M = 256 on 132 SMs FC1 in 256-column tiles runs two waves, the second 92 tiles wide
+    (84 slices for the busiest CTA); in 224-column tiles the second wave is 124 wide (73.5
+    slice-equivalents). Where the widths tie within NARROWER_GAIN the widest stays."""
+    sms(132)
+    assert hopper.plan(0, m).width == widths
+    assert hopper.makespan(256, FC1_OUT, HIDDEN // hopper.BK, 132, 256) == 84
+    assert hopper.makespan(256, FC1_OUT, HIDDEN // hopper.BK, 132, 224) == 73.5
 
 
 def test_a_grid_is_never_more_than_its_work_units(sms):
@@ -142,10 +161,10 @@ def test_a_grid_is_never_more_than_its_work_units(sms):
 def test_a_launch_without_a_workspace_zeroes_one_of_its_own(sms):
     sms(132)
     call = FakeCall()
-    ctas, fields, held = hopper.walk(call, 1, 1, None)
+    ctas, width, fields, held = hopper.walk(call, 1, 1, None)
     p = hopper.plan(0, 1)
     whole, parts, partials, counters = fields
-    assert (ctas, whole, parts) == (126, 0, 6) and held is not None
+    assert (ctas, width, whole, parts) == (126, 256, 0, 6) and held is not None
     assert call.done == [("empty", (p.workspace_bytes,), "float8_e4m3fn"), ("zero", p.counter_bytes)]
     assert counters == held.data_ptr() and partials == counters + p.counter_bytes
 
@@ -188,9 +207,9 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     fc1 = hopper.launch_fc1(call, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, split=1 << 20)
     assert (fc1.stream_ptr, fc1.grid, fc1.block) == (7, (132, 1), hopper.GEMM_THREADS)
     v = fc1.values
-    assert (v.map_a, v.map_w1) == ((0x10, 3000, hopper.BM), (0x30, FC1_OUT, hopper.BN))
-    assert (v.a_scale, v.w1_scale, v.y, v.M) == (0x20, 0x40, 0x50, 3000)
     p = hopper.plan(0, 3000)
+    assert (v.map_a, v.map_w1) == ((0x10, 3000, hopper.BM), (0x30, FC1_OUT, p.width[0]))
+    assert (v.a_scale, v.w1_scale, v.y, v.M) == (0x20, 0x40, 0x50, 3000)
     assert (v.split_whole, v.split_parts) == p.split[0][1:] and v.split_parts == 2
     quant, fc2 = hopper.launch_fc2(call, 3000, 0x50, 0x60, 0x70, 0x80, 0x90, FakeGate(), 0xa0, 0xb0, 0xc0,
                                    split=1 << 20)
@@ -198,7 +217,8 @@ def test_launches_fill_each_struct_and_return_their_records(sms, monkeypatch):
     v = fc2.values
     assert (v.gate, v.gate_stride, v.gate_rows, v.adaln_index, v.residual, v.out) == (0x5000, HIDDEN + 64, 50, 0xa0,
                                                                                       0xb0, 0xc0)
-    assert launched == [hopper.FC1, hopper.QUANT, hopper.FC2]
+    assert launched == [hopper.gemm_kernel(hopper.FC1, p.width[0]), hopper.QUANT,
+                        hopper.gemm_kernel(hopper.FC2, p.width[1])]
     assert mlp_fp8.launch_fc1(call, targets.WGMMA_FORM, 3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1 << 20).values == fc1.values
 
 
@@ -207,8 +227,8 @@ def test_repeated_launch_values_are_one_struct_packed_once(monkeypatch):
     packs a struct it packed last time no more."""
     monkeypatch.setattr(hopper, "tensor_map", lambda *args: bytes(128))
     hopper.fc1_values.cache_clear()
-    a = hopper.fc1_values(3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0)
-    assert hopper.fc1_values(3000, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0) is a
+    a = hopper.fc1_values(3000, 256, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0)
+    assert hopper.fc1_values(3000, 256, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0) is a
 
     class Fn:
         ptr = 1
@@ -253,7 +273,9 @@ def test_form_3_needs_sm90a(monkeypatch, arch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 129, 3000])  # on 132 SMs: FC2 split 6 and 3 ways at 1 and 129, FC1 2 ways at 3000
+# on 132 SMs: FC1 in 224-column tiles at 1 and 129, FC2 split 6 and 3 ways there; FC1 split 2 ways at 3000 and
+# 2176, FC2 at 2176 in 224-column tiles split 11 ways
+@pytest.mark.parametrize("m", [1, 129, 2176, 3000])
 def test_form_3_against_the_reference_and_form_0(m, require_mlp_form):
     require_mlp_form(3)
     import torch

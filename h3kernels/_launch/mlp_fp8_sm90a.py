@@ -20,13 +20,26 @@ from h3kernels.constants import FC1_OUT, FFN, HIDDEN
 SOURCE = "mlp_fp8_sm90a"
 ARCH = "sm_90a"  # wgmma and setmaxnreg exist only on the arch-specific target
 ARCHS = (ARCH,)  # what compile_check builds this source for
-FC1, FC2, QUANT = "h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma", "h3_mlp_y_quant"
+FC1, FC2, QUANT = "h3_mlp_fc1_wgmma", "h3_mlp_fc2_wgmma", "h3_mlp_y_quant"  # the GEMMs' stems
 
 # The tile geometry the warpgroup roles are written for (the source asserts it):
 BM = 128  # rows of an output tile: 2 consumer warpgroups x 64
-BN = 256  # columns of an output tile (FC1: prepacked, 128 logical y columns); FFN and HIDDEN are multiples
 BK = 128  # bytes of K per ring stage: one 128B-swizzled row, and the K span summed inside the tensor core
 GEMM_THREADS = 384  # a producer warpgroup and two consumer warpgroups
+# Output tile widths (columns; FC1's prepacked, half as many y columns) each GEMM is instantiated
+# for, the widest first: the plan takes a narrower one only where the widest would leave much of
+# the last wave idle (tile_width). 4 quarters of 64 or 56 columns; FC1_OUT and HIDDEN are
+# multiples of both.
+WIDTHS = (256, 224)
+NARROWER_GAIN = 0.95  # a narrower width must shorten the estimated makespan at least this much
+
+
+def gemm_kernel(stem, width):
+    """The entry of GEMM `stem` (FC1 or FC2) at tile width `width`."""
+    return f"{stem}_n{width}"
+
+
+_GEMMS = {gemm_kernel(stem, w): (stem, w) for stem in (FC1, FC2) for w in WIDTHS}
 
 # The kernels' one parameter each, mirroring the structs of cuda_src/mlp_fp8_sm90a.cu: the
 # positional parameters they replaced, in that order, so every field kept its offset.
@@ -40,12 +53,13 @@ _PARAMS = {
                                    *_SPLIT)),
     QUANT: ParamStruct("QuantParams", (("y", "u64"), ("y_q", "u64"), ("y_scale", "u64"))),
 }
+_PARAMS.update({name: _PARAMS[stem] for name, (stem, _) in _GEMMS.items()})
 
 
 @dataclasses.dataclass(frozen=True)
 class MlpBuild:
     """A build of cuda_src/mlp_fp8_sm90a.cu; the defaults are the one that ships."""
-    stages: int = 4  # TMA ring depth: 4 x 48 KiB
+    stages: int = 4  # TMA ring depth: 4 x 48 KiB (44 KiB at 224 columns)
     group_m: int = 16  # m-tiles per band of the persistent walk, so the tiles in flight share L2 operands
     producer_regs: int = 24  # registers left to the TMA warpgroup (setmaxnreg.dec)
     # registers of each wgmma warpgroup: 128 FP32 sums + 64 of partials + the rest
@@ -58,11 +72,11 @@ class MlpBuild:
     fc2_epi_blocks: int = 8
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)
 
-    kernels: ClassVar[tuple] = (FC1, FC2, QUANT)
+    kernels: ClassVar[tuple] = (*_GEMMS, QUANT)
 
     def defines(self):
         """The -D constants of the source (H3_ and the names of its constants)."""
-        d = dict(BM=BM, BN=BN, BK=BK, STAGES=self.stages, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
+        d = dict(BM=BM, BK=BK, STAGES=self.stages, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
                  CONSUMER_REGS=self.consumer_regs, FC1_EPI_BLOCKS=self.fc1_epi_blocks,
                  FC2_EPI_BLOCKS=self.fc2_epi_blocks, QUANT_THREADS=self.quant_threads, HIDDEN=HIDDEN, FFN=FFN,
                  FC1_OUT=FC1_OUT)
@@ -73,7 +87,7 @@ class MlpBuild:
 
     def dynamic_smem(self, name):
         """A GEMM CTA's ring, plus room to align it to 1024 bytes; the quantization needs none."""
-        return self.stages * (BM + BN) * BK + 1024 if name in (FC1, FC2) else 0
+        return self.stages * (BM + _GEMMS[name][1]) * BK + 1024 if name in _GEMMS else 0
 
 
 SHIPPED = MlpBuild()
@@ -105,9 +119,40 @@ def work_split(tiles, slots, slices, step=PART_SLICES):
     return (tiles - r, parts) if parts > 1 else (tiles, 1)
 
 
+def makespan(m, n, slices, slots, width):
+    """The busiest CTA's work, in K slices of 256-column tiles, when `slots` CTAs walk the
+    M x n output in BM x width tiles of `slices` K slices each, split as work_split says: whole
+    waves, then at most one part of a split tile per CTA (units are dealt round-robin)."""
+    tiles = -(-m // BM) * (n // width)
+    whole, parts = work_split(tiles, slots, slices)
+    if parts == 1:
+        busiest = -(-tiles // slots) * slices
+    else:
+        steps = slices // PART_SLICES
+        longest = max((p + 1) * steps // parts - p * steps // parts for p in range(parts))
+        busiest = whole // slots * slices + PART_SLICES * longest
+    return busiest * width / 256
+
+
+def tile_width(m, n, slices, slots):
+    """The GEMM's tile width at M rows: the widest of WIDTHS unless a narrower one shortens the
+    busiest CTA's work (makespan) by NARROWER_GAIN. At M = 256 on 132 SMs, FC1 in 256-column
+    tiles runs 224 tiles in two waves, the second 92 wide; in 224-column tiles 256 tiles, the
+    second wave 124 wide: 0.875x the makespan."""
+    best = WIDTHS[0]
+    for width in WIDTHS[1:]:
+        if makespan(m, n, slices, slots, width) <= NARROWER_GAIN * makespan(m, n, slices, slots, best):
+            best = width
+    return best
+
+
 COUNTER_BYTES = 4
-PARTIAL_BYTES = BM * BN * 4  # one part's FP32 sums of one tile
 ALIGN = 256  # the partials' offset in the workspace
+
+
+def partial_bytes(width):
+    """One part's FP32 sums of one tile."""
+    return BM * width * 4
 
 
 class Plan(NamedTuple):
@@ -115,6 +160,7 @@ class Plan(NamedTuple):
     split: tuple  # per GEMM: (CTAs, whole tiles, parts of each later tile); parts 1: no split
     counter_bytes: int  # the head of the workspace, zero before a launch that splits
     workspace_bytes: int  # counters and partial sums, shared by the two GEMMs; 0: neither splits
+    width: tuple = (WIDTHS[0], WIDTHS[0])  # per GEMM: its tile width (tile_width)
 
 
 def plan(device_id, m):
@@ -125,32 +171,36 @@ def plan(device_id, m):
 @functools.lru_cache(maxsize=64)
 def plan_for(m, slots):
     """plan() with `slots` CTAs resident, one per SM (cached per M, as the scratch layouts are)."""
-    split, counters, partials = [], 0, 0
-    for n_tiles, k in ((FC1_OUT // BN, HIDDEN), (HIDDEN // BN, FFN)):
-        tiles = -(-m // BM) * n_tiles
+    split, widths, counters, partials = [], [], 0, 0
+    for n, k in ((FC1_OUT, HIDDEN), (HIDDEN, FFN)):
+        width = tile_width(m, n, k // BK, slots)
+        tiles = -(-m // BM) * (n // width)
         whole, parts = work_split(tiles, slots, k // BK)
         units = whole + (tiles - whole) * parts
         split.append((min(units, slots), whole, parts))
+        widths.append(width)
         if parts > 1:
             counters = max(counters, 2 * (tiles - whole) * COUNTER_BYTES)
-            partials = max(partials, (tiles - whole) * parts * PARTIAL_BYTES)
+            partials = max(partials, (tiles - whole) * parts * partial_bytes(width))
     counters = -(-counters // ALIGN) * ALIGN
-    return Plan(tuple(split), counters, counters + partials if partials else 0)
+    return Plan(tuple(split), counters, counters + partials if partials else 0, tuple(widths))
 
 
 def walk(call, m, gemm, split):
-    """(CTAs, the GEMM's SplitK fields (split_whole, split_parts, partials, counters), an array to
-    hold until the launch is queued) of FC1 (gemm 0) or FC2 (1). split: the workspace (an
-    address, its counters zero), or None: the launch zeroes one of its own on the call's stream."""
+    """(CTAs, tile width, the GEMM's SplitK fields (split_whole, split_parts, partials,
+    counters), an array to hold until the launch is queued) of FC1 (gemm 0) or FC2 (1). split:
+    the workspace (an address, its counters zero), or None: the launch zeroes one of its own on
+    the call's stream."""
     p = plan(call.device_id, m)
     ctas, whole, parts = p.split[gemm]
+    width = p.width[gemm]
     if parts == 1:
-        return ctas, (whole, 1, 0, 0), None
+        return ctas, width, (whole, 1, 0, 0), None
     held = None
     if split is None:
         held = workspace(call, m)
         split = data_ptr(held)
-    return ctas, (whole, parts, split + p.counter_bytes, split), held
+    return ctas, width, (whole, parts, split + p.counter_bytes, split), held
 
 
 def workspace(call, m):
@@ -170,8 +220,8 @@ def workspace(call, m):
 # them (the usual case: the same buffers every step) reuses the one struct, whose image the
 # launcher then keeps instead of packing it again.
 @functools.lru_cache(maxsize=256)
-def fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
-    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, BN, BK),
+def fc1_values(m, width, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
+    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, width, BK),
                         a_scale=a_scale, w1_scale=w1_scale, y=y, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
 
@@ -182,9 +232,9 @@ def quant_values(y, y_q, y_scale):
 
 
 @functools.lru_cache(maxsize=256)
-def fc2_values(m, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual, out,
+def fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual, out,
                split_whole, split_parts, partials, counters):
-    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, BN, BK),
+    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, width, BK),
                         y_scale=y_scale, w2_scale=w2_scale, gate=gate, gate_stride=gate_stride, gate_rows=gate_rows,
                         adaln_index=adaln_index, residual=residual, out=out, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
@@ -192,12 +242,12 @@ def fc2_values(m, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, ad
 
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=None, build=SHIPPED):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most),
-    the last wave's tiles split over K as plan() says. Arguments are addresses; split as in
-    walk(). Returns the LaunchRecord."""
-    fc1 = kernel(call.device_id, FC1, build)
-    ctas, split_fields, _held = walk(call, m, 0, split)
+    in the tile width plan() picks, the last wave's tiles split over K as it says. Arguments are
+    addresses; split as in walk(). Returns the LaunchRecord."""
+    ctas, width, split_fields, _held = walk(call, m, 0, split)
+    fc1 = kernel(call.device_id, gemm_kernel(FC1, width), build)
     return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
-                      fc1_values(m, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
+                      fc1_values(m, width, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
 
 
 def launch_y_quant(call, m, y, y_q, y_scale, build=SHIPPED):
@@ -212,10 +262,10 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); split as in walk(); the rest are addresses. Returns the
     LaunchRecord."""
-    fc2 = kernel(call.device_id, FC2, build)
-    ctas, split_fields, _held = walk(call, m, 1, split)
+    ctas, width, split_fields, _held = walk(call, m, 1, split)
+    fc2 = kernel(call.device_id, gemm_kernel(FC2, width), build)
     return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
-                      fc2_values(m, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
+                      fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
                                  gate.shape[0], adaln_index, residual, out, *split_fields))
 
 
