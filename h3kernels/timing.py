@@ -26,18 +26,27 @@ def median_ms(fn, warmup=3, reps=20, setup=None):
     return statistics.median(times)
 
 
-def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None):
+def median_ms_batched(fn, batch=4, warmup=1, reps=5, setup=None, warm_ms=30.0):
     """Median over `reps` of (time of `batch` back-to-back fn() calls between one pair of CUDA
     events) / batch. Each call's host work overlaps the previous call's GPU work, so per-call
     host latency drops out once the GPU time per call exceeds it (median_ms includes it: the GPU
     is idle when each of its runs starts); the first call of a batch still adds 1/batch of it.
-    setup(i) runs before call i inside the timed region: keep it host-only (pick an input set)."""
+    setup(i) runs before call i inside the timed region: keep it host-only (pick an input set).
+    Warm-up: `warmup` batches, and more until `warm_ms` of wall time has passed: a GPU left idle
+    (a compile before the first call) idles at a low SM clock (the H200: 345 MHz against 1980
+    under load), and a warm-up counted in calls of a 0.15 ms operator may end before it rises."""
+    import time
+
     import torch
 
-    for i in range(warmup * batch):
-        if setup:
-            setup(i)
-        fn()
+    i, t0 = 0, time.perf_counter()
+    while i < warmup * batch or (time.perf_counter() - t0) * 1e3 < warm_ms:
+        for _ in range(batch):
+            if setup:
+                setup(i)
+            fn()
+            i += 1
+        torch.cuda.synchronize()
     times = []
     for r in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
