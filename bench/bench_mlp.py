@@ -100,25 +100,6 @@ class AllocCount:
         return False
 
 
-def flags_memset_ms(flags, reps):
-    """Stream-ordered memset of the flags, as the operator issues it (cudaMemsetAsync via CuPy),
-    per call over a batch of 20; torch zero_ if CuPy is missing."""
-    nbytes = flags.numel() * flags.element_size()
-    try:
-        import cupy
-
-        stream = torch.cuda.current_stream().cuda_stream
-        zero = lambda: cupy.cuda.runtime.memsetAsync(flags.data_ptr(), 0, nbytes, stream)
-    except Exception:
-        zero = flags.zero_
-
-    def batch():
-        for _ in range(20):
-            zero()
-
-    return median_ms(batch, warmup=2, reps=reps) / 20
-
-
 def row_stage_ms(op_sets, a_q, a_s, reps):
     """The row kernel alone (back-to-back launches with prepared arguments); else the public call."""
     try:
@@ -220,13 +201,9 @@ def run_m(m, st, args):
                 res["ours"]["cupy_allocs_per_call"] = cnt.n
                 res["ours"]["cupy_alloc_bytes_per_call"] = cnt.bytes
                 row_ms, how = row_stage_ms(sets, ws["workspace_a_q"], ws["workspace_a_scale"], reps)
-                mem_ms = flags_memset_ms(ws["workspace_flags"], reps)
                 ours_ms = res["ours"]["stream_ms"]
-                res["ours"].update(row_ms=row_ms, row_timed_as=how, memset_ms=mem_ms,
-                                   row_share=row_ms / ours_ms, memset_share=mem_ms / ours_ms,
-                                   row_plus_memset_share=(row_ms + mem_ms) / ours_ms)
-                log(f"  ours: row stage {row_ms:.4f} ms ({how}) = {row_ms / ours_ms:.2%}, flags memset "
-                    f"{mem_ms * 1e3:.1f} us = {mem_ms / ours_ms:.3%}; allocations per warm call: torch "
+                res["ours"].update(row_ms=row_ms, row_timed_as=how, row_share=row_ms / ours_ms)
+                log(f"  ours: row stage {row_ms:.4f} ms ({how}) = {row_ms / ours_ms:.2%}; allocations per warm call: torch "
                     f"{res['ours']['torch_allocs_per_call']}, CuPy {cnt.n} ({cnt.bytes} B); first call "
                     f"{res['ours_first_call_s']:.1f} s")
                 if args.form_family == "wgmma":
@@ -313,7 +290,7 @@ def table(results, ceil, form, device):
     lines = [f"== minimax_h3_mlp_fp8 on {device}: e4m3 {form_family(form)} ceiling "
              + (f"{ceil:.0f} TFLOP/s (form {form})" if ceil else "n/a")
              + "; TFLOP/s from stream times; (x) = ours / peer TFLOP/s ==",
-             f"{'M':>6} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'row%':>6} {'mset%':>6} |"
+             f"{'M':>6} {'ours ms':>9} {'call ms':>9} {'TF/s':>5} {'%ceil':>6} {'row%':>6} |"
              + "".join(f" {label:>18}" for _, label in PEERS)]
     for r in results:
         o = r.get("ours", {})
@@ -324,8 +301,7 @@ def table(results, ceil, form, device):
                  f"{o['call_ms']:9.3f}" if ok else f"{'':>9}",
                  f"{tf:5.0f}" if ok else f"{'':>5}",
                  f"{tf / ceil:6.1%}" if ok and ceil else f"{'':>6}",
-                 f"{o['row_share']:6.2%}" if "row_share" in o else f"{'':>6}",
-                 f"{o['memset_share']:6.3%}" if "memset_share" in o else f"{'':>6}"]
+                 f"{o['row_share']:6.2%}" if "row_share" in o else f"{'':>6}"]
         line = " ".join(cells) + " |"
         for key, _ in PEERS:
             p = r.get(key, {})
@@ -363,8 +339,8 @@ def summary(results, ceil, form):
             e.update(ours_ms=round(o["stream_ms"], 4), ours_tf=round(o["tflops"], 1))
             if ceil:
                 e["pct_ceil"] = round(100 * o["tflops"] / ceil, 1)
-            if "row_plus_memset_share" in o:
-                e["row_memset_pct"] = round(100 * o["row_plus_memset_share"], 2)
+            if "row_share" in o:
+                e["row_pct"] = round(100 * o["row_share"], 2)
             for name in ("fc1", "fc2"):
                 if f"{name}_ms" in o:
                     e[f"ours_{name}_ms"] = round(o[f"{name}_ms"], 4)

@@ -86,9 +86,9 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
                       workspace_a_q=None, workspace_a_scale=None, workspace_y=None, workspace_y_q=None,
                       workspace_y_scale=None, workspace_flags=None, eps=1e-5, fp8_mma_form=-1):
     """The fused W8A8 MLP block of MiniMax-H3 (docs/spec.md): returns out, bf16 [M, 5376], of the
-    caller's kind. On the caller's current stream, no host sync: three launches and a memset
-    (fp8_mma_form 0 and 2), or four launches and, where a GEMM's last wave is split over K, a
-    memset of its counters (form 3).
+    caller's kind. On the caller's current stream, no host sync: three launches (fp8_mma_form 0
+    and 2) or four (form 3); the first, the row kernel, also zeroes FC2's flags or the split
+    counters of the GEMMs.
     Workspaces, when given, receive a_q, a_scale, y, y_q and y_scale (h3kernels.reference
     fills the same ones); out may be residual or x."""
     inputs = dict(x=x, x_norm_weight=x_norm_weight, adaln_scale=adaln_scale, adaln_shift=adaln_shift,
@@ -123,16 +123,14 @@ def minimax_h3_mlp_fp8(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, 
         out_ptr = arrays.data_ptr(out)
     else:
         out_ptr = address["out"]
+    # the row kernel also clears what the GEMMs need zeroed: the FC2 flags, or the split counters
+    zero = launch.gemm_zero_words(form, m, ptr["flags"], split, plan.counter_bytes if wgmma else 0)
     row = launch.row_values_at(m, address["x"], address["x_norm_weight"], address["adaln_scale"],
                                address["adaln_shift"], arrays.strides_elems(adaln_scale)[0], adaln_scale.shape[0],
-                               address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"])
+                               address["adaln_index"], eps, ptr["a_q"], ptr["a_scale"], *zero)
     previous = call.make_current()
     try:
         launch.launch_row_at(call, m, row)
-        if not wgmma:
-            launch.zero_flags(call, m, ptr["flags"])
-        elif split:
-            call.zero(split, plan.counter_bytes)
         launch.launch_fc1(call, form, m, ptr["a_q"], ptr["a_scale"], address["fc1_weight_q"],
                           address["fc1_weight_scale"], ptr["y"], split)
         launch.launch_fc2(call, form, m, ptr["y"], ptr["y_q"], ptr["y_scale"], address["fc2_weight_q"],

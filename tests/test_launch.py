@@ -50,12 +50,16 @@ def test_row_values_fill_the_row_kernels_parameters(fake_kernels):
     m, rows, stride = 5, 3, 6 * 5376
     tab = torch.zeros(rows, stride, dtype=torch.bfloat16)
     x = torch.zeros(m, 5376, dtype=torch.bfloat16)
-    values = launch_mlp.row_values(x, x[0], tab[:, :5376], tab[:, 5376:2 * 5376], torch.zeros(m, dtype=torch.int64),
-                                   1e-5, 1 << 20, 2 << 20)
+    idx = torch.zeros(m, dtype=torch.int64)
+    values = launch_mlp.row_values(x, x[0], tab[:, :5376], tab[:, 5376:2 * 5376], idx, 1e-5, 1 << 20, 2 << 20)
     assert len(values) == len(numba_ptx.params("row_kernel"))
     assert values[:9] == (0, 0, m * 1344, 8, x.data_ptr(), m, 1344, 1344 * 8, 8)
     assert values[9 + 7 * 3: 9 + 7 * 3 + 2] == (stride // 4, rows)  # tab_stride (quads), rows
-    assert values[-7 - 9:-7] == (0, 0, m * 1344, 4, 1 << 20, m, 1344, 1344 * 4, 4)  # a_q as uint32 quads
+    assert values[-14 - 9:-14] == (0, 0, m * 1344, 4, 1 << 20, m, 1344, 1344 * 4, 4)  # a_q as uint32 quads
+    assert values[-7:] == (0, 0, 0, 4, 0, 0, 4)  # zero: no words to clear
+    words = launch_mlp.row_values(x, x[0], tab[:, :5376], tab[:, 5376:2 * 5376], idx, 1e-5, 1 << 20, 2 << 20,
+                                  3 << 20, 29)
+    assert words[:-7] == values[:-7] and words[-7:] == (0, 0, 29, 4, 3 << 20, 29, 4)
     span = ((rows - 1) * stride + 5376) // 4
     assert values[9 + 7 + 2] == span and values[9 + 7 + 5] == span  # the tables' quads from their bases
     struct_fmt = launcher.pack_format(numba_ptx.params("row_kernel"))

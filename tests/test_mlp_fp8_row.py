@@ -55,6 +55,28 @@ def test_simulator_row_kernel_is_bitwise_equal_to_reference(m, seed):
     assert_same_bits(torch.from_numpy(a_s.view(np.int32)), s.view(torch.int32), "a_scale")
 
 
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU")
+def test_simulator_row_kernel_clears_the_words_the_gemms_need_zeroed(seed):
+    """The MLP call has its row kernel zero FC2's flags or the split counters (no memset launch):
+    CTA 0 clears all of them, more words than it has threads; the rows come out as without them."""
+    from h3kernels._launch import host
+    from h3kernels._launch.numba import mlp_fp8_row
+
+    m = 2
+    x, w, sc, sh, idx = make_row_inputs(m, 3, seed=seed)
+    quads = lambda t: numba_check.bits16(t).view(np.uint64)
+    arrays = dict(x_quads=quads(x), norm_w_quads=quads(w), scale_flat=numba_check._table_quads(sc),
+                  shift_flat=numba_check._table_quads(sh), index=idx.numpy(),
+                  a_q_quads=np.full((m, HIDDEN // 4), 0x7F7F7F7F, np.uint32), a_scale=np.full(m, np.nan, np.float32),
+                  zero=np.full(1000, -7, np.int32))
+    out = host._on_runner(lambda **a: mlp_fp8_row.launch(a["x_quads"], a["norm_w_quads"], a["scale_flat"],
+                                                          a["shift_flat"], sc.stride(0) // 4, sc.shape[0], a["index"],
+                                                          1e-5, a["a_q_quads"], a["a_scale"], a["zero"]), arrays)
+    assert not out["zero"].any()
+    q, s = expected(x, w, sc, sh, idx)
+    assert_same_bits(torch.from_numpy(out["a_q_quads"].view(np.uint8)), q.view(torch.uint8), "a_q")
+
+
 def nonfinite_rows(seed, device="cpu"):
     """Rows with a NaN, an Inf (sum of squares inf: r = 0, inf * 0 = NaN), and a NaN in the shift
     table row they use: their amax and scale are NaN (codes 0, as the reference's); a row using an

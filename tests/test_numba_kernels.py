@@ -42,7 +42,7 @@ def compile_every_kernel():
     t, h, blocks = 5, 2, 3
     cases = {"mlp_fp8_row": (mlp_fp8_row.kernel(), (
         z((2, 1344), u64), z(1344, u64), z(9000, u64), z(9000, u64), 4032, 3, z(2, i64), 1e-5,
-        z((2, 1344), u32), z(2, f32)))}
+        z((2, 1344), u32), z(2, f32), z(3, i32)))}
     qk, kv_block, kv_segment, kq, vq, kv_sums, kq_given, k_seg, v_seg = quant.kernels()
     cases.update({
         "q_kernel": (qk, (z(t * h * 32, u64), z(t * h * 32, u32), z(t * h, f32), u64(t * h))),

@@ -97,18 +97,20 @@ def scratch_layout(m, names, split_bytes=0):
     return off, offsets
 
 
-def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
+def row_values(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale, zero=0, zero_words=0):
     """The row kernel's flattened parameters: x, x_norm_weight, a_q as quad views, the AdaLN
     tables as flat quads from their bases (row i at i * stride quads), adaln_index, a_scale
-    (a_q and a_scale: addresses). Validation guarantees the alignment and contiguity these
+    (a_q and a_scale: addresses), and `zero_words` int32 words at `zero` that it clears for the
+    GEMMs after it (gemm_zero_words). Validation guarantees the alignment and contiguity these
     views assume."""
     return row_values_at(x.shape[0], data_ptr(x), data_ptr(x_norm_weight), data_ptr(adaln_scale),
                          data_ptr(adaln_shift), strides_elems(adaln_scale)[0], adaln_scale.shape[0],
-                         data_ptr(adaln_index), eps, a_q, a_scale)
+                         data_ptr(adaln_index), eps, a_q, a_scale, zero, zero_words)
 
 
 @functools.lru_cache(maxsize=64)
-def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, adaln_index, eps, a_q, a_scale):
+def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, adaln_index, eps, a_q, a_scale,
+                  zero=0, zero_words=0):
     """row_values from M, the arrays' addresses, the tables' row stride (elements) and rows. A
     function of these numbers alone: a call that repeats them reuses the tuple."""
     span = ((rows - 1) * stride + HIDDEN) // 4  # quads from the base through the last row's end
@@ -116,7 +118,8 @@ def row_values_at(m, x, x_norm_weight, adaln_scale, adaln_shift, stride, rows, a
     return (0, 0, m * ROW_QUADS, 8, x, m, ROW_QUADS, 8 * ROW_QUADS, 8,
             *vec(x_norm_weight, ROW_QUADS, 8), *vec(adaln_scale, span, 8),
             *vec(adaln_shift, span, 8), stride // 4, rows, *vec(adaln_index, m, 8), eps,
-            0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4))
+            0, 0, m * ROW_QUADS, 4, a_q, m, ROW_QUADS, 4 * ROW_QUADS, 4, *vec(a_scale, m, 4),
+            *vec(zero, zero_words, 4))
 
 
 def launch_row(call, x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, eps, a_q, a_scale):
@@ -135,9 +138,14 @@ def launch_row_at(call, m, values):
     return numba_ptx.kernel("row_kernel", call.device_id).launch(call.stream_ptr, (m, 1), ROW_THREADS, values)
 
 
-def zero_flags(call, m, flags):
-    """Stream-ordered memset of the FC2 flags (an address), which FC2 needs zeroed."""
-    call.zero(flags, 4 * fc2_flag_count(m))
+def gemm_zero_words(form, m, flags, split, counter_bytes):
+    """(address, int32 words) that the GEMMs of a call need zeroed before FC1, which the row
+    kernel clears (row_values' zero, zero_words): the FC2 tile flags (forms 0 and 2), the split
+    counters where a GEMM splits (form 3: `split`, its workspace; every launch leaves them
+    zeroed again), else nothing."""
+    if targets.form_family(form) != targets.WGMMA:
+        return flags, fc2_flag_count(m)
+    return (split, counter_bytes // 4) if split else (0, 0)
 
 
 def launch_fc1(call, form, m, a_q, a_scale, w1_q, w1_scale, y, split=None):

@@ -23,7 +23,7 @@ from h3kernels._runtime import compiler
 _U64_1, _U32_1, _F32_1, _I64_2 = ("uint64", 1), ("uint32", 1), ("float32", 1), ("int64", 2)
 SIGNATURES = {
     "row_kernel": ("mlp_fp8_row", None, (("uint64", 2), _U64_1, _U64_1, _U64_1, "int64", "int64", ("int64", 1),
-                                         "float32", ("uint32", 2), _F32_1)),
+                                         "float32", ("uint32", 2), _F32_1, ("int32", 1))),
     "q_kernel": ("varlen_attention_fp8_quant", 0, (_U64_1, _U32_1, _F32_1, "uint64")),
     "kv_block_kernel": ("varlen_attention_fp8_quant", 1, (_U64_1, _U64_1, _I64_2, _F32_1, "uint64", "uint64")),
     "kv_segment_kernel": ("varlen_attention_fp8_quant", 2, (("int32", 1, "A"), ("int32", 1), ("float32", 4),

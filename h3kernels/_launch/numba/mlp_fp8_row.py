@@ -38,12 +38,19 @@ def _build():
     quotient, _, in_quotient_range = make_quotient(fma_rn, div_rn)  # RN(a / s) by two FMAs
 
     @cuda.jit
-    def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale):
+    def row_kernel(x, norm_w, scale_tab, shift_tab, tab_stride, rows, index, eps, a_q, a_scale, zero):
         """x: uint64 [M, 1344]; norm_w: uint64 [1344]; tables: flat uint64 from their base, row i at
-        i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M]."""
+        i * tab_stride quads; index: int64 [M]; a_q: uint32 [M, 1344]; a_scale: float32 [M];
+        zero: int32 [n], words that the GEMMs launched after this kernel need at 0 (their split
+        counters or tile flags), which CTA 0 clears: a memset launch fewer per call."""
         # Unsigned indices throughout: Numba adds a negative-index wraparound to every signed one.
         row = uint64(cuda.blockIdx.x)
         t = uint64(cuda.threadIdx.x)
+        if row == uint64(0):
+            w = t
+            while w < uint64(zero.shape[0]):
+                zero[w] = 0
+                w += uint64(ROW_THREADS)
         red = cuda.shared.array(ROW_THREADS, float32)
         xq = cuda.local.array(QUADS_PER_THREAD, uint64)  # x, then a, as bf16 quads in registers
         for j in range(QUADS_PER_THREAD):  # all loads first: QUADS_PER_THREAD in flight per thread
@@ -141,8 +148,9 @@ def kernel():
 
 
 def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows, index, eps, a_q_quads,
-           a_scale, stream=None):
-    """Runs the row kernel on raw-bit quad views (see row_kernel's docstring).
+           a_scale, zero=None, stream=None):
+    """Runs the row kernel on raw-bit quad views (see row_kernel's docstring); zero: int32 words
+    it clears, or None.
 
     Device arrays are anything Numba accepts, launched on `stream` (a Numba stream); under the
     simulator they are numpy arrays.
@@ -151,8 +159,10 @@ def launch(x_quads, norm_w_quads, scale_flat, shift_flat, tab_stride_quads, rows
     if m == 0:
         return
     k = kernel()
+    if zero is None:
+        zero = np.zeros(0, np.int32)
     args = (x_quads, norm_w_quads, scale_flat, shift_flat, np.int64(tab_stride_quads), np.int64(rows), index,
-            np.float32(eps), a_q_quads, a_scale)
+            np.float32(eps), a_q_quads, a_scale, zero)
     if stream is None:
         k[m, ROW_THREADS](*args)
     else:
