@@ -4,7 +4,7 @@
 # stdout. Usage on a GPU machine, from the repository root: bash lab/sanitize.sh [tools]
 # H3_SANITIZE_FORM: fp8_mma_form of both operators (default -1; 3: the wgmma families on sm_90a);
 # H3_SANITIZE_SIZES: which of the three sizes (default "0 1 2"); H3_SANITIZE_OPS=mlp: the MLP alone.
-# The MLP sizes cover form 3's split tiles on 132 SMs: FC2's at M = 1 and 129, FC1's at 400; the attention
+# The MLP sizes cover form 3 on 132 SMs: FC2 split at M = 1 and 129 and FC1 at 400, FC1 in 224-column tiles at 1 and 129 and FC2 at 400; the attention
 # sizes 0 and 1 its one-read K and V passes (segments of at most 256 keys), size 2 the four others.
 set -u -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
