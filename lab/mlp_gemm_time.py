@@ -3,16 +3,20 @@ one public call leaves in its workspaces (real activations, not random bytes), a
 every build gives the shipped build's y and out bit for bit.
 
     python lab/mlp_gemm_time.py [--rows 16384 4096 256] [--builds "MlpBuild()" "MlpBuild(group_m=8)"]
-                                [--json out.jsonl] [--label NAME]
+                                [--widths 256 224] [--rounds 3] [--json out.jsonl] [--label NAME]
 
 Each figure: the median of back-to-back launches between CUDA events (median_ms_batched), in ms,
-with its TFLOP/s. The builds are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a
+with its TFLOP/s; with --rounds, the median over rounds that take every variant in turn.
+--widths forces both GEMMs' tile width (the plan's tile_width; a width whose split differs from
+the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a
 checkout whose MlpBuild lacks a field fails on that expression alone."""
 import argparse
 import json
+import statistics
 
 import torch
 
+from h3kernels._launch import mlp_fp8_sm90a as hopper
 from h3kernels._launch.mlp_fp8_sm90a import MlpBuild  # noqa: F401 (the --builds expressions)
 from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
@@ -23,6 +27,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="+", default=[16384, 4096, 256])
     p.add_argument("--builds", nargs="+", default=["MlpBuild()"])
+    p.add_argument("--widths", type=int, nargs="+", default=[0], help="tile widths to force (0: the plan's)")
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json")
     p.add_argument("--label", default="")
     a = p.parse_args()
@@ -37,29 +43,74 @@ def main():
         fc2()
         ref_y, ref_out = ws["workspace_y"].clone(), fc2.arrays[1].clone()
         flops1, flops2 = mlp_gemm_flops(m)
+        variants = []
         for expr in a.builds:
-            fc1, fc2 = mlp_gemms_alone(*args, ws, build=eval(expr))
-            y, out = ws["workspace_y"], fc2.arrays[1]
-            y.fill_(float("nan"))
-            out.fill_(float("nan"))
-            fc1()
-            fc2()
-            torch.cuda.synchronize()
-            same = bool(torch.equal(y.view(torch.int16), ref_y.view(torch.int16))
-                        and torch.equal(out.view(torch.int16), ref_out.view(torch.int16)))
-            batch = 20 if m <= 4096 else 5
-            t1 = median_ms_batched(fc1, batch=batch, warmup=2, reps=7)
-            t2 = median_ms_batched(fc2, batch=batch, warmup=2, reps=7)
-            row = dict(label=a.label, build=expr, M=m, fc1_ms=t1, fc2_ms=t2, fc1_tflops=flops1 / t1 / 1e9,
-                       fc2_tflops=flops2 / t2 / 1e9, bitwise=same)
+            for width in a.widths:
+                if width and eval(expr).dynamic_smem(hopper.gemm_kernel(hopper.FC1, width)) > SMEM_LIMIT:
+                    continue  # that many stages of that width do not fit the SM
+                fc1, fc2 = with_width(width, lambda: mlp_gemms_alone(*args, ws, build=eval(expr)))
+                y, out = ws["workspace_y"], fc2.arrays[1]
+                y.fill_(float("nan"))
+                out.fill_(float("nan"))
+                fc1()
+                fc2()
+                torch.cuda.synchronize()
+                same = bool(torch.equal(y.view(torch.int16), ref_y.view(torch.int16))
+                            and torch.equal(out.view(torch.int16), ref_out.view(torch.int16)))
+                variants.append((expr, width, fc1, fc2, same, [], []))
+        batch = 20 if m <= 4096 else 5
+        for _ in range(a.rounds):
+            for expr, width, fc1, fc2, same, t1, t2 in variants:
+                t1.append(median_ms_batched(fc1, batch=batch, warmup=2, reps=7))
+                t2.append(median_ms_batched(fc2, batch=batch, warmup=2, reps=7))
+        for expr, width, fc1, fc2, same, t1, t2 in variants:
+            t1, t2 = statistics.median(t1), statistics.median(t2)
+            row = dict(label=a.label, build=expr, width=width, M=m, fc1_ms=t1, fc2_ms=t2,
+                       fc1_tflops=flops1 / t1 / 1e9, fc2_tflops=flops2 / t2 / 1e9, bitwise=same)
             rows.append(row)
-            print(f"{a.label:<8}{expr:<40} M={m:<6} FC1 {t1:7.3f} ms ({row['fc1_tflops']:6.0f})  "
-                  f"FC2 {t2:7.3f} ms ({row['fc2_tflops']:6.0f})  bitwise {same}", flush=True)
-        del x, ws, fc1, fc2
+            print(f"{a.label:<8}{expr:<36} width {width or 'plan':<5} M={m:<6} FC1 {t1:7.3f} ms "
+                  f"({row['fc1_tflops']:6.0f})  FC2 {t2:7.3f} ms ({row['fc2_tflops']:6.0f})  bitwise {same}",
+                  flush=True)
+        del x, ws, variants
     if a.json:
         with open(a.json, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+
+
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory a CTA may take on sm_90
+
+
+def with_width(width, make):
+    """make() with the plan's tile width forced to `width` (0: as planned); the launches it
+    returns keep the plan they were made with."""
+    if not width:
+        return make()
+    chosen = hopper.tile_width
+    hopper.tile_width = lambda *args: width
+    hopper.plan_for.cache_clear()
+    try:
+        fns = make()
+        fns = tuple(pinned(fn, width) for fn in fns)
+        return fns
+    finally:
+        hopper.tile_width = chosen
+        hopper.plan_for.cache_clear()
+
+
+def pinned(fn, width):
+    """fn, run with the plan's tile width forced to `width` at every call."""
+    def run():
+        chosen = hopper.tile_width
+        hopper.tile_width = lambda *args: width
+        hopper.plan_for.cache_clear()
+        try:
+            return fn()
+        finally:
+            hopper.tile_width = chosen
+            hopper.plan_for.cache_clear()
+    run.arrays = fn.arrays
+    return run
 
 
 if __name__ == "__main__":
