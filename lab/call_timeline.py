@@ -6,16 +6,15 @@ the profiler's CUDA activity records (CUPTI sees the CuPy, Numba and torch launc
 Per case: each kernel's mean duration and the idle time before it (from the previous kernel's
 end), the call's span (first kernel start to last kernel end, mean over the series) and the
 median time per call of a series between CUDA events.
---variants: the MLP again without the split counters' memset after the first call (every launch
-leaves them zeroed), then also with every loaded kernel at the largest shared-memory carveout:
-what the launches between the GEMMs cost."""
+--variants: the MLP again with every loaded kernel at the largest shared-memory carveout (what the
+launches between the GEMMs cost)."""
 import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import h3kernels
-from h3kernels._runtime import arrays, compiler
+from h3kernels._runtime import compiler
 from h3kernels.testing.inputs import make_attention_inputs
 from h3kernels.testing.timing import median_ms_batched
 
@@ -74,17 +73,6 @@ def max_carveout():
         driver.funcSetAttribute(k.ptr, driver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
 
 
-def skip_memset():
-    zero = arrays.Call.zero
-    done = set()
-
-    def once(self, address, count):
-        if (address, count) not in done:
-            done.add((address, count))
-            zero(self, address, count)
-    arrays.Call.zero = once
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, nargs="*", default=[256, 4096])
@@ -95,10 +83,7 @@ def main():
     if a.rows:
         mlp(a.rows, a.calls)
         if a.variants:
-            print("## no-memset")
-            skip_memset()
-            mlp(a.rows, a.calls)
-            print("## no-memset + carveout")
+            print("## carveout")
             max_carveout()
             mlp(a.rows, a.calls)
     if a.sets:
