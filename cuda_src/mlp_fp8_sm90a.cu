@@ -90,9 +90,9 @@ struct QuantParams {
 // warpgroup holds rows r0 + 16 (t / 32) + t % 32 / 4 + {0, 8} and, per half h and n8 block j
 // (BN / 16 a half), columns BN / 2 h + 8 j + 2 (t % 4) + {0, 1}: acc[h][4 j + 2 rh + e]. An
 // epilogue takes its n8 blocks in groups (FC1_EPI_BLOCKS, FC2_EPI_BLOCKS); a 224-column tile's
-// 14 blocks a half end in a shorter group. The entries read their struct's fields
-// into locals once: the maps' addresses are taken, so the compiler would read a field again
-// after every store through a pointer.
+// 14 blocks a half end in a shorter group. fc1 and fc2 read their struct's fields into locals
+// once: the maps' addresses are taken, so the compiler would read a field again after every
+// store through a pointer.
 
 // FC1: n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the
 // prepacked row order), so one thread holds both operands of each SwiGLU.

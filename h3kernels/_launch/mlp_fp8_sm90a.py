@@ -160,7 +160,7 @@ class Plan(NamedTuple):
     split: tuple  # per GEMM: (CTAs, whole tiles, parts of each later tile); parts 1: no split
     counter_bytes: int  # the head of the workspace, zero before a launch that splits
     workspace_bytes: int  # counters and partial sums, shared by the two GEMMs; 0: neither splits
-    width: tuple = (WIDTHS[0], WIDTHS[0])  # per GEMM: its tile width (tile_width)
+    width: tuple  # per GEMM: its tile width (tile_width)
 
 
 def plan(device_id, m):
