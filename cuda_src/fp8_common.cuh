@@ -53,6 +53,15 @@ __device__ __forceinline__ float f32_from_bf16(u16 b) { return __uint_as_float((
 // their values, and a NaN's bits exceed every number's, so a NaN in a row reaches its scale.
 __device__ __forceinline__ u32 abs_max2(u32 m, u32 w) { return __vmaxu2(m, w & 0x7FFF7FFFu); }
 
+// Four bf16 values (two words, first value lowest) -> four e4m3 codes e4m3(RN(v / s)), by
+// divisions: the MLP's y quantization and the attention Q tile's rare rows.
+__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
+  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
+  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
+  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
+  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
+}
+
 __device__ __forceinline__ u16 bf16_from_f32(float f) {
   u16 r;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));

@@ -1,7 +1,7 @@
 // What both MLP GEMM families (mlp_fp8.cu: mma.sync; mlp_fp8_sm90a.cu: wgmma) share: the
 // persistent tile walk, the IEEE SiLU (mlp_fp8.cu's; the wgmma family takes the special-function
-// unit's), FC1's column order and the y quantization's arithmetic, whose one definition keeps
-// y_q and y_scale bitwise equal between the families. (The epilogues' few lines stay in each
+// unit's), FC1's column order and the y quantization's arithmetic (its codes: fp8_common.cuh's
+// e4m3x4_from_bf16x4), whose one definition keeps y_q and y_scale bitwise equal between the families. (The epilogues' few lines stay in each
 // kernel: as helpers they compiled to other instruction schedules.) Needs BM and GROUP_M
 // from the including source (-D constants in mlp_fp8.cu, constexprs in mlp_fp8_sm90a.cu).
 #pragma once
@@ -23,10 +23,3 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // The y column of prepacked FC1 gate column pg (8 gate rows, then their 8 up rows).
 __device__ __forceinline__ int fc1_logical_column(int pg) { return (pg / 16) * 8 + (pg % 8); }
 
-// Four bf16 values of a y row -> four e4m3 codes against the row's scale s.
-__device__ __forceinline__ u32 e4m3x4_from_bf16x4(u32 lo, u32 hi, float s) {
-  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
-  const float v0 = __fdiv_rn(f32_from_bf16((u16)lo), s), v1 = __fdiv_rn(f32_from_bf16((u16)(lo >> 16)), s);
-  const float v2 = __fdiv_rn(f32_from_bf16((u16)hi), s), v3 = __fdiv_rn(f32_from_bf16((u16)(hi >> 16)), s);
-  return (u32)e4m3x2_from_f32(v0, v1) | ((u32)e4m3x2_from_f32(v2, v3) << 16);
-}

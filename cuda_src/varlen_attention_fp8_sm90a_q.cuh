@@ -10,7 +10,8 @@
 // RN(a / s) for a bf16 a of a row whose own amax gave s = RN(amax / 448) >= kMinFastScale, and
 // inv = RN(1 / s): q = RN(a inv) is within an ulp, and one correction by the exact remainder
 // rounds it (the Q pass's make_quotient, checked there for every bf16 a and amax). An exact
-// product keeps its own sign: the correction would turn a = -0 into +0.
+// product keeps its own sign: the correction would turn a = -0 into +0. The bound is the Q
+// pass's own, fp8_bits.MIN_FAST_SCALE (a test holds the two equal).
 constexpr float kMinFastScale = 1e-30f;
 
 __device__ __forceinline__ float quotient(float a, float s, float inv) {
@@ -19,22 +20,15 @@ __device__ __forceinline__ float quotient(float a, float s, float inv) {
   return r == 0.f ? q : __fmaf_rn(r, inv, q);
 }
 
-// Eight bf16 values (a 16-byte chunk) -> eight e4m3 codes (two words, first value lowest), by
-// quotient() (fast) or by divisions (a scale below kMinFastScale, or an Inf in the row), zeros
-// for a zero or NaN scale.
-template <bool kFast>
+// Eight bf16 values (a 16-byte chunk) -> eight e4m3 codes (two words, first value lowest) by
+// quotient(); the divisions' form of the same codes is fp8_common.cuh's e4m3x4_from_bf16x4.
 __device__ __forceinline__ uint2 e4m3x8(const uint4& w, float s, float inv) {
   const u32 in[4] = {w.x, w.y, w.z, w.w};
   u32 out[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float lo = __uint_as_float(in[i] << 16), hi = __uint_as_float(in[i] & 0xFFFF0000u);
-    u32 code = 0u;
-    if constexpr (kFast)
-      code = e4m3x2_from_f32(quotient(lo, s, inv), quotient(hi, s, inv));
-    else if (s > 0.f)
-      code = e4m3x2_from_f32(__fdiv_rn(lo, s), __fdiv_rn(hi, s));
-    out[i / 2] |= code << (16 * (i % 2));
+    out[i / 2] |= (u32)e4m3x2_from_f32(quotient(lo, s, inv), quotient(hi, s, inv)) << (16 * (i % 2));
   }
   return make_uint2(out[0], out[1]);
 }
@@ -73,7 +67,7 @@ __device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, i
     const float inv = __fdiv_rn(1.f, s);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint2 codes = e4m3x8<true>(w[j], s, inv);
+      const uint2 codes = e4m3x8(w[j], s, inv);
       asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(codes.x), "r"(codes.y) : "memory");
     }
   } else {  // rare (a row of the warp below kMinFastScale, or with an Inf): divisions, rolled
@@ -83,8 +77,10 @@ __device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, i
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(staged + row * 2 * HD + (8 * half + ((j + r) & 7)) * 16));
-      const uint2 codes = e4m3x8<false>(v, s, 1.f);
-      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(codes.x), "r"(codes.y) : "memory");
+      // zero codes for a zero or NaN scale
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(e4m3x4_from_bf16x4(v.x, v.y, s)),
+                   "r"(e4m3x4_from_bf16x4(v.z, v.w, s))
+                   : "memory");
     }
   }
   return s;

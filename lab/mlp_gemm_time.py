@@ -11,6 +11,7 @@ with its TFLOP/s; with --rounds, the median over rounds that take every variant 
 the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a
 checkout whose MlpBuild lacks a field fails on that expression alone."""
 import argparse
+import functools
 import json
 import statistics
 
@@ -18,6 +19,7 @@ import torch
 
 from h3kernels._launch import mlp_fp8_sm90a as hopper
 from h3kernels._launch.mlp_fp8_sm90a import MlpBuild  # noqa: F401 (the --builds expressions)
+from h3kernels.cli.compile_check import SMEM_LIMIT
 from h3kernels.testing.inputs import make_mlp_weights, make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.testing.timing import median_ms_batched, mlp_gemm_flops, mlp_gemms_alone
@@ -46,9 +48,9 @@ def main():
         variants = []
         for expr in a.builds:
             for width in a.widths:
-                if width and eval(expr).dynamic_smem(hopper.gemm_kernel(hopper.FC1, width)) > SMEM_LIMIT:
+                if width and eval(expr).dynamic_smem(hopper.gemm_kernel(hopper.FC1, width)) > SMEM_LIMIT[hopper.ARCH]:
                     continue  # that many stages of that width do not fit the SM
-                fc1, fc2 = with_width(width, lambda: mlp_gemms_alone(*args, ws, build=eval(expr)))
+                fc1, fc2 = with_width(width, functools.partial(mlp_gemms_alone, *args, ws, build=eval(expr)))
                 y, out = ws["workspace_y"], fc2.arrays[1]
                 y.fill_(float("nan"))
                 out.fill_(float("nan"))
@@ -78,39 +80,34 @@ def main():
                 f.write(json.dumps(r) + "\n")
 
 
-SMEM_LIMIT = 227 * 1024  # dynamic shared memory a CTA may take on sm_90
-
-
 def with_width(width, make):
-    """make() with the plan's tile width forced to `width` (0: as planned); the launches it
-    returns keep the plan they were made with."""
+    """make() with the GEMMs' tile width forced to `width` (0: as planned): their launches, each
+    run under the plan of that width (hopper.plan, swapped for the call: the variants alternate)."""
     if not width:
         return make()
-    chosen = hopper.tile_width
-    hopper.tile_width = lambda *args: width
-    hopper.plan_for.cache_clear()
-    try:
-        fns = make()
-        fns = tuple(pinned(fn, width) for fn in fns)
-        return fns
-    finally:
-        hopper.tile_width = chosen
-        hopper.plan_for.cache_clear()
+    plans = {}  # M -> the plan at that width, made once
 
+    def plan(device_id, m):
+        if m not in plans:
+            chosen = hopper.tile_width
+            hopper.tile_width = lambda *args: width
+            try:  # the plan itself, not the cache of the shipped choice
+                plans[m] = hopper.plan_for.__wrapped__(m, hopper.sm_count(device_id))
+            finally:
+                hopper.tile_width = chosen
+        return plans[m]
 
-def pinned(fn, width):
-    """fn, run with the plan's tile width forced to `width` at every call."""
-    def run():
-        chosen = hopper.tile_width
-        hopper.tile_width = lambda *args: width
-        hopper.plan_for.cache_clear()
-        try:
-            return fn()
-        finally:
-            hopper.tile_width = chosen
-            hopper.plan_for.cache_clear()
-    run.arrays = fn.arrays
-    return run
+    def under_plan(fn):
+        def run():
+            shipped, hopper.plan = hopper.plan, plan
+            try:
+                return fn()
+            finally:
+                hopper.plan = shipped
+        run.arrays = getattr(fn, "arrays", None)
+        return run
+
+    return tuple(under_plan(fn) for fn in under_plan(make)())
 
 
 if __name__ == "__main__":

@@ -45,6 +45,20 @@ def test_varlen_sm90a_touches_no_wgmma_register_in_flight(build):
     assert wgmma_register_hazards(ptx) == []
 
 
+def test_varlen_sm90a_q_tile_takes_the_q_pass_bound_for_its_fast_quotient():
+    """The kernel quantizes Q with the Q pass's two-FMA quotient where the row's scale is at least
+    MIN_FAST_SCALE (fp8_bits, where the quotient was checked for every bf16 value) and divides
+    below it: the C constant is that float32, so q8 keeps the Q pass's bits at the boundary."""
+    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE
+
+    build = hopper.AttentionBuild()
+    same = f'static_assert(kMinFastScale == (float){MIN_FAST_SCALE!r}, "kMinFastScale is not MIN_FAST_SCALE");\n'
+    compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False, appended=same)
+    with pytest.raises(compiler.CompileError, match="kMinFastScale is not"):
+        compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False,
+                               appended=same.replace(repr(MIN_FAST_SCALE), repr(2 * MIN_FAST_SCALE)))
+
+
 def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
     """The launch layer's PARAMS lays AttentionParams out as the compiler does (the static_asserts
     of every offset and of the size compile), the maps first and 64-byte aligned, then the
