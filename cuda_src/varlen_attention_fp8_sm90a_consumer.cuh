@@ -30,13 +30,13 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
-    Tile tl;
+    Tile tl;  // the plan row holds the segment's bounds: one round of loads, none behind another
     tl.len = __ldg(w + 1);
     const int q0 = __ldg(w + 2);
     tl.h = __ldg(w + 3);
     tl.seg = __ldg(w + 4);
-    tl.end = __ldg(p.q_bounds + tl.seg + 1);
-    const int kb0 = __ldg(p.block_offset + tl.seg);
+    tl.end = __ldg(w + 5);
+    const int kb0 = __ldg(w + 6);
     tl.n_stages = (tl.len + kStageKeys - 1) / kStageKeys;
     const bool one_block = (tl.len + kBlockKeys - 1) / kBlockKeys == 1;  // CTA-uniform: S on mma.sync, l in FP32
     tl.row0 = q0 + 64 * consumer + 16 * warp + g;
@@ -63,4 +63,5 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
                 sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }
+  bulk_wait_read();  // the last rows' copies read the stage before the CTA exits
 }

@@ -42,7 +42,7 @@ static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write th
 // (which the maps carry). lse null: not wanted.
 struct AttentionParams {
   TmaMap map_q, map_k, map_v;  // q (bf16) [tokens, heads * 256 bytes], k8 [tokens, heads * 128], v8t [heads * 128, v_pitch]
-  const int* tiles;            // the plan: (start, len, first query, head, segment) per work tile
+  const int* tiles;            // the plan: (start, len, first query, head, segment, query end, first key block) per tile
   int n_tiles;
   const int* block_offset;     // each segment's first 128-key block
   const float* s_k;

@@ -16,7 +16,12 @@ __device__ __forceinline__ void produce(const AttentionParams& maps, const Args&
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int* w = p.tiles + (i64)tile * TILE_INTS;
     const int start = __ldg(w), len = __ldg(w + 1), q0 = __ldg(w + 2), h = __ldg(w + 3), seg = __ldg(w + 4);
-    const int kb0 = __ldg(p.block_offset + seg);
+    const int kb0 = __ldg(w + 6);
+    // the consumers' first s_k and their epilogue's s_v (its 4 lines) into L1: an L2 trip each,
+    // on their path between tiles, otherwise
+    prefetch_l1(p.s_k + (i64)kb0 * p.heads + h);
+#pragma unroll
+    for (int i = 0; i < HD * 4 / 128; ++i) prefetch_l1(p.s_v + ((i64)seg * p.heads + h) * HD + 32 * i);
     mbar_wait(bar.q_empty, q_slot.phase ^ 1);  // the consumers have read the previous tile's Q
     q_slot.advance();
     mbar_arrive_expect_tx(bar.q_full, kQStagedBytes);

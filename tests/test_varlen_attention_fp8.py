@@ -144,7 +144,7 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
             cp_async_16(smem, stage + K_BYTES + swz64(row, chunk), v8f, vseg + row * v_pitch + j * BKV + chunk * 16,
                         np.ones_like(idx, bool))
 
-    for start, length, q0, h, seg in tiles.tolist():
+    for start, length, q0, h, seg, *_ in tiles.tolist():  # the Hopper kernel's columns too
         end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
         q_first = start
         if q_bounds is not None:
@@ -372,6 +372,7 @@ def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(se
     qa, kb, vb = q[:200].contiguous(), k[200:].contiguous(), v[200:].contiguous()
     tiles, block_offset, blocks, q_bounds = P.cross_plan_arrays(cu_q, cu_k, heads)
     assert set(tiles[:, 4].tolist()) == {2}  # segment 0 has no keys there, segment 3 no queries
+    assert (tiles[:, 5] == q_bounds[tiles[:, 4] + 1]).all() and (tiles[:, 6] == block_offset[tiles[:, 4]]).all()
     q8, s_q = R.quantize_rows(qa)
     _, _, k8, s_k, v8, _ = R.quantize_attention_inputs(qa[:0], kb, vb, cu_k, k_mean=mean, v_amax=amax)
     s_k_blocks = np.stack([s_k[first].numpy() for first in blocks[:, 1]])

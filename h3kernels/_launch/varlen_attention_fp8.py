@@ -35,7 +35,7 @@ KSB = K_BLOCK  # keys per K scale block: 128
 HD = HEAD_DIM
 STAGES = 4  # cp.async ring depth
 THREADS = 256  # 8 warps x 16 query rows
-TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment
+TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment, query end, first key block
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
 PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
           "u64", "u64", "u64", "i32", "f32", "u64")  # then lse (0: not wanted), q, mu, tokens, softmax_scale,

@@ -1,8 +1,9 @@
 """The segment plan of minimax_h3_varlen_attention_fp8: its work tiles, longest segment first.
 
 A work tile is (segment start, segment length, first query of a 128-query tile, head, segment
-index). The index finds the segment's K scale blocks (block_offset), its V columns and s_v, and
-its query bound (q_bounds). With two segmentations (queries of one token range against the keys
+index, the segment's query end, its first 128-key block). The index finds the segment's s_v and
+its query bounds (q_bounds); the last two columns are q_bounds[segment + 1] and
+block_offset[segment], so that a kernel reads all it needs of a tile in one round of loads. With two segmentations (queries of one token range against the keys
 of another, the ring's step) the start and length are the keys' (cross_plan_arrays). The
 persistent attention kernel walks the rows in order, so the longest (most expensive) tiles go
 first and the short ones fill the tail. Built on the host from cu_seqlens (no device sync when
@@ -16,7 +17,7 @@ from h3kernels._launch.numba.geometry import SEGMENT_KEYS
 from h3kernels.constants import K_BLOCK
 
 Q_TILE = 128
-TILE_COLS = 5  # start, length, first query, head, segment (cuda_src/varlen_attention_fp8.cu TILE_INTS)
+TILE_COLS = 7  # start, length, first query, head, segment, query end, first key block (TILE_INTS in cuda_src)
 
 
 @functools.lru_cache(maxsize=256)
@@ -50,19 +51,20 @@ def _plan_host(cu, heads):
     cu_arr = np.asarray(cu, dtype=np.int64)
     starts, lens = cu_arr[:-1], np.diff(cu_arr)
     order = np.argsort(-lens, kind="stable")  # longest first; equal lengths keep their order
+    block_offset = _blocks(cu)[0]
     rows = []
     for s in order:
         # query tiles fastest: the CTAs in flight read the K and V of one (segment, head) from L2,
         # instead of those of up to 132 heads from memory
         for h in range(heads):
             for q0 in range(0, int(lens[s]), Q_TILE):
-                rows.append((starts[s], lens[s], starts[s] + q0, h, s))
+                rows.append((starts[s], lens[s], starts[s] + q0, h, s, starts[s] + lens[s], block_offset[s]))
     tiles = np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
-    return tiles, _blocks(cu)[0]
+    return tiles, block_offset
 
 
 def plan_host(cu_seqlens_host, heads):
-    """(tiles int32 [n, 5], block_offset int32 [segments + 1]) on the host."""
+    """(tiles int32 [n, TILE_COLS], block_offset int32 [segments + 1]) on the host."""
     return _plan_host(tuple(int(c) for c in cu_seqlens_host), int(heads))
 
 
@@ -89,6 +91,7 @@ def plan_arrays(cu, heads):
 
 @functools.lru_cache(maxsize=256)
 def _cross_plan_host(cu_q, cu_k, heads):
+    block_offset = _blocks(cu_k)[0]
     lens_k = np.diff(np.asarray(cu_k, dtype=np.int64))
     lens_q = np.diff(np.asarray(cu_q, dtype=np.int64))
     order = np.argsort(-lens_k, kind="stable")  # a tile's cost grows with its keys
@@ -98,13 +101,13 @@ def _cross_plan_host(cu_q, cu_k, heads):
             continue
         for h in range(heads):
             for q0 in range(0, int(lens_q[s]), Q_TILE):
-                rows.append((cu_k[s], lens_k[s], cu_q[s] + q0, h, s))
+                rows.append((cu_k[s], lens_k[s], cu_q[s] + q0, h, s, cu_q[s + 1], block_offset[s]))
     return np.array(rows, dtype=np.int32).reshape(-1, TILE_COLS)
 
 
 def cross_plan_arrays(cu_q, cu_k, heads):
     """The plan of queries in segments cu_q against keys in segments cu_k (two tuples of ints,
-    one segment count): tiles (key start, key count, first query, head, segment) for the
-    segments that have both, the key blocks of cu_k, and q_bounds = cu_q."""
+    one segment count): tiles (key start, key count, first query, head, segment, query end, first
+    key block) for the segments that have both, the key blocks of cu_k, and q_bounds = cu_q."""
     block_offset, blocks = _blocks(cu_k)
     return _cross_plan_host(cu_q, cu_k, heads), block_offset, blocks, np.asarray(cu_q, dtype=np.int32)
