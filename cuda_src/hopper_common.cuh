@@ -71,16 +71,6 @@ struct PipelineState {
 };
 
 // --- TMA -----------------------------------------------------------------------------------
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared to global memory by the
-// bulk-copy engine, in this thread's bulk group; the thread goes on at once
-__device__ __forceinline__ void bulk_store(void* dst, u32 src, u32 bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// this thread's bulk stores have read their shared memory (it may be written again)
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-
 // A global line into L1 ahead of its loads (no memory clobber: it orders nothing)
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 

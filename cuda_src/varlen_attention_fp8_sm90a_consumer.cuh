@@ -63,5 +63,4 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
                 sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }
-  bulk_wait_read();  // the last rows' copies read the stage before the CTA exits
 }

@@ -44,27 +44,17 @@ __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int 
                                                   u8* stage) {
   const int t = lane & 3, g = lane >> 2;
   u8* lane_stage = stage + g * kOutPitch + 4 * t;
-  const bool vec = (reinterpret_cast<unsigned long long>(out) & 15) == 0;
-  if (vec) {  // the previous tile's row copies have read the stage
-    bulk_wait_read();
-    __syncwarp();
-  }
   epilogue_rows<HD, true, true>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads, pitch,
                                 tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
                             *reinterpret_cast<u32*>(lane_stage + half * 8 * kOutPitch + 16 * ct) = word;
                           });
+  __syncwarp();
   const int first = row0 - g;  // the warp's first row
-  if (vec) {  // lane 2 r + i copies half i of row r: one instruction, and the warp goes on to its next tile
-    fence_proxy_async_shared();  // the stage's words, visible to the bulk copy
-    __syncwarp();
-    const int r = lane >> 1, i = lane & 1;
-    if (first + r < end) bulk_store(out + (i64)(first + r) * pitch + h * HD + i * HD / 2, smem_u32(stage + r * kOutPitch + i * HD), HD);
-    bulk_commit();
-  } else {
-    __syncwarp();
+  if ((reinterpret_cast<unsigned long long>(out) & 15) == 0)
+    store_staged_rows<true>(stage, out, first, end, h, pitch, lane);
+  else
     store_staged_rows<false>(stage, out, first, end, h, pitch, lane);
-    __syncwarp();  // the warp's next epilogue writes the stage again
-  }
+  __syncwarp();  // the warp's next epilogue writes the stage again
 }
 
 // The rows' sums, then out and the lse. O divides by the tensor core's sum of the rounded P

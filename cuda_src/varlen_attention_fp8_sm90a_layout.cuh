@@ -38,13 +38,13 @@ static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
 
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
-// parameters in its order less q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch
-// (which the maps carry). lse null: not wanted.
+// parameters in its order less block_offset (the plan's rows carry each tile's first key block),
+// q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch (which the maps carry). lse null:
+// not wanted.
 struct AttentionParams {
   TmaMap map_q, map_k, map_v;  // q (bf16) [tokens, heads * 256 bytes], k8 [tokens, heads * 128], v8t [heads * 128, v_pitch]
   const int* tiles;            // the plan: (start, len, first query, head, segment, query end, first key block) per tile
   int n_tiles;
-  const int* block_offset;     // each segment's first 128-key block
   const float* s_k;
   const float* s_v;
   u16* out;                    // may alias q
@@ -64,7 +64,6 @@ struct AttentionParams {
 struct Args {
   const int* tiles;
   int n_tiles;
-  const int* block_offset;
   const float* s_k;
   const float* s_v;
   u16* out;
@@ -77,7 +76,7 @@ struct Args {
   float softmax_scale;
   const int* q_bounds;
   __device__ __forceinline__ explicit Args(const AttentionParams& p)
-      : tiles(p.tiles), n_tiles(p.n_tiles), block_offset(p.block_offset), s_k(p.s_k), s_v(p.s_v),
+      : tiles(p.tiles), n_tiles(p.n_tiles), s_k(p.s_k), s_v(p.s_v),
         out(p.out), heads(p.heads), scale_log2(p.scale_log2), lse(p.lse), q(p.q), mu(p.mu), tokens(p.tokens),
         softmax_scale(p.softmax_scale), q_bounds(p.q_bounds) {}
 };

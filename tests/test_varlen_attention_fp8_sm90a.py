@@ -62,7 +62,7 @@ def test_varlen_sm90a_q_tile_takes_the_q_pass_bound_for_its_fast_quotient():
 def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
     """The launch layer's PARAMS lays AttentionParams out as the compiler does (the static_asserts
     of every offset and of the size compile), the maps first and 64-byte aligned, then the
-    mma.sync kernel's parameters in its order less q8, s_q, k8, v8t and v_pitch."""
+    mma.sync kernel's parameters in its order less block_offset, q8, s_q, k8, v8t and v_pitch."""
     build = hopper.AttentionBuild()
     compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False,
                            appended=hopper.PARAMS.c_layout_checks())
@@ -71,9 +71,9 @@ def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
         compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False, appended=wrong)
     offsets = hopper.PARAMS.offsets
     assert [offsets[m] for m in ("map_q", "map_k", "map_v", "tiles")] == [0, 128, 256, 384]
-    assert len(hopper.PARAMS.fields) == 17 and hopper.PARAMS.size == 512
+    assert len(hopper.PARAMS.fields) == 16 and hopper.PARAMS.size == 512
     formats = tuple(fmt for _, fmt in hopper.PARAMS.fields)
-    assert formats[3:] == L.PARAMS[:3] + (L.PARAMS[6],) + L.PARAMS[8:11] + L.PARAMS[12:]
+    assert formats[3:] == L.PARAMS[:2] + (L.PARAMS[6],) + L.PARAMS[8:11] + L.PARAMS[12:]
     assert all(b.kernel_params(k) is hopper.PARAMS for b in SHIPPED for k in b.kernels)
 
 
@@ -403,7 +403,7 @@ def test_varlen_sm90a_launch_gets_the_workspace_maps_and_the_kernels_parameters(
     assert (v.map_q, v.map_k, v.map_v) == ((q.data_ptr(), cu[-1], heads * 256, 128, 256),
                                            (base + parts["k8"][0], cu[-1], heads * 128, 128),
                                            (base + parts["v8t"][0], heads * 128, len(blocks) * K_BLOCK, 128))
-    assert (v.tiles, v.n_tiles, v.block_offset, v.q_bounds) == (11, n_tiles, 12, 14)
+    assert (v.tiles, v.n_tiles, v.q_bounds) == (11, n_tiles, 14)
     assert (v.s_k, v.s_v, v.mu) == tuple(base + parts[n][0] for n in ("s_k", "s_v", "mu"))
     assert (v.out, v.q, v.lse, without_lse.lse) == (out.data_ptr(), q.data_ptr(), lse.data_ptr(), 0)
     assert (v.heads, v.scale_log2, v.tokens, v.softmax_scale) == (heads, 0.125 * L.LOG2E, cu[-1], 0.125)

@@ -331,7 +331,7 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
                 q_map = base + size
                 call.copy(q_map, data_ptr(q), q_bytes)
             values = hopper.launch_values(q_map, base + o_k8, base + o_v8t, ws_tokens, n * K_BLOCK, tiles,
-                                          n_tiles, block_offset, s_k, s_v, data_ptr(out), heads,
+                                          n_tiles, s_k, s_v, data_ptr(out), heads,
                                           scale * LOG2E, lse_ptr, data_ptr(q), mu, tokens, scale, q_bounds)
             return hopper.launch(call, n_tiles, build, values)
         f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)

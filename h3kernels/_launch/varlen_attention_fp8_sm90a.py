@@ -36,11 +36,11 @@ SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING + Q_STAG
 Q_ALIGN = 16  # TMA reads q from a 16-byte-aligned address
 
 # The kernel's one __grid_constant__ parameter, AttentionParams: the maps, then the mma.sync
-# kernel's parameters in its order less q8 and s_q (the kernel quantizes Q), k8, v8t and v_pitch
-# (which the maps carry)
+# kernel's parameters in its order less block_offset (the plan's rows carry each tile's first key
+# block), q8 and s_q (the kernel quantizes Q), k8, v8t and v_pitch (which the maps carry)
 PARAMS = launcher.ParamStruct("AttentionParams", (
     ("map_q", "map"), ("map_k", "map"), ("map_v", "map"), ("tiles", "u64"), ("n_tiles", "i32"),
-    ("block_offset", "u64"), ("s_k", "u64"), ("s_v", "u64"), ("out", "u64"), ("heads", "i32"),
+    ("s_k", "u64"), ("s_v", "u64"), ("out", "u64"), ("heads", "i32"),
     ("scale_log2", "f32"), ("lse", "u64"), ("q", "u64"), ("mu", "u64"), ("tokens", "i32"),
     ("softmax_scale", "f32"), ("q_bounds", "u64")))
 
@@ -83,17 +83,17 @@ def maps(q, q_rows, k8, k_rows, v8t, heads, v_pitch):
 
 
 @functools.lru_cache(maxsize=256)
-def launch_values(q_map, k8, v8t, k_rows, v_pitch, tiles, n_tiles, block_offset, s_k, s_v, out, heads, scale_log2,
-                  lse, q, mu, tokens, softmax_scale, q_bounds):
+def launch_values(q_map, k8, v8t, k_rows, v_pitch, tiles, n_tiles, s_k, s_v, out, heads, scale_log2, lse, q, mu,
+                  tokens, softmax_scale, q_bounds):
     """PARAMS of a launch, its maps those of q_map (q's bf16 values, `tokens` rows, at a
     Q_ALIGN-aligned address: q itself or an aligned copy), the workspace's k8 (k_rows) and v8t
     (v_pitch keys). A function of these numbers alone: a call that repeats them (the same buffers
     and segments every step) reuses the one struct, whose image the launcher keeps instead of
     packing it again."""
     map_q, map_k, map_v = maps(q_map, tokens, k8, k_rows, v8t, heads, v_pitch)
-    return PARAMS(map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, block_offset=block_offset,
-                  s_k=s_k, s_v=s_v, out=out, heads=heads, scale_log2=scale_log2, lse=lse, q=q, mu=mu,
-                  tokens=tokens, softmax_scale=softmax_scale, q_bounds=q_bounds)
+    return PARAMS(map_q=map_q, map_k=map_k, map_v=map_v, tiles=tiles, n_tiles=n_tiles, s_k=s_k, s_v=s_v, out=out,
+                  heads=heads, scale_log2=scale_log2, lse=lse, q=q, mu=mu, tokens=tokens,
+                  softmax_scale=softmax_scale, q_bounds=q_bounds)
 
 
 def launch(call, n_tiles, build, values):
