@@ -16,17 +16,10 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
   const u64 ones_desc = wgmma_desc(sm.ones);
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.f;
-  // O and the rows' statistics of the tile before, whose epilogue runs under this tile's first S
-  float o[64];
-  float m0 = 0.f, m1 = 0.f, l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
-  Tile done;
-  bool pending = false, done_one_block = false;
-  u8* const stage = sm.out_stage + (4 * consumer + warp) * kOutWarpBytes;
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int* w = p.tiles + (i64)tile * TILE_INTS;
     // The tile's Q first, quantized while little else is live (placed after the tile's loads
-    // of the plan, it cost the stage loop its schedule: descriptors converted between wgmmas);
-    // the e4m3 tile is free: every S of the tile before has been waited for
+    // of the plan, it cost the stage loop its schedule: descriptors converted between wgmmas)
     mbar_wait(bar.q_full, q_slot.phase);
     q_slot.advance();
     const float sq = quantize_q_rows(sm.q_staged + consumer * 64 * 2 * HD, sm.q + consumer * 64 * HD, warp, lane);
@@ -54,30 +47,20 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // s_k of each stage, read one stage ahead (its latency would stall the softmax)
     tl.sk = p.s_k + (i64)kb0 * p.heads + tl.h;
     const float sk_first = __ldg(tl.sk);
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
     const u32 a_q = sm.q + consumer * 64 * HD;  // this warpgroup's rows of the Q tile
     tl.c0 = tl.row0 < tl.end ? sq0 * p.scale_log2 : 0.f;
     tl.c1 = tl.row1 < tl.end ? sq1 * p.scale_log2 : 0.f;
-    // The tile's first S (for a one-block tile a stand-in, never read: every path issues it), then
-    // the tile before's epilogue while the tensor core computes it
-    float s[32], s_hi[32];
-    mbar_wait(&bar.full[slot.index], slot.phase);
-    wgmma_fence();
-    issue_s128(s, s_hi, a_q, sm.stage(slot.index));
-    wgmma_commit();
-    if (pending) finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, done, done_one_block, lane, pitch, stage);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
     if (one_block)  // apart from the stage loop: a branch inside it cost the loop 7% (H200)
       one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,
                      t);
     else
-      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, s, s_hi, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads,
-                 lane, t);
-    done = tl;
-    done_one_block = one_block;
-    pending = true;
+      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads, lane,
+                 t);
+    finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
+                sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }
-  if (pending) finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, done, done_one_block, lane, pitch, stage);
 }

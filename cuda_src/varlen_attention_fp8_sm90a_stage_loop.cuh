@@ -23,19 +23,24 @@
 // condition while others are in flight made ptxas serialize every wgmma of the kernel
 // (C7513 / C7515).
 __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1, float& l0, float& l1, float& lt0,
-                                           float& lt1, float (&part)[64], float (&lp)[4], float (&s)[32],
-                                           float (&s_hi)[32], float sk_next,
+                                           float& lt1, float (&part)[64], float (&lp)[4], float sk_next,
                                            PipelineState<kStages>& slot, const Tile& tl, const SharedMap& sm,
                                            const Barriers& bar, u32 a_q, u64 ones, int heads, int lane, int t) {
+  float s[32], s_hi[32];
   u32 pa[kBlockKeys / 32][4], pb[kBlockKeys / 32][4];
   float sk = 0.f;  // s_k of the stage
   float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at
 #pragma unroll 1
   for (int st = 0; st < tl.n_stages; ++st) {
     const u32 stage_base = sm.stage(slot.index);
-    if (st == 0) {  // the tile's first S is in s / s_hi (consume issued it); the later ones are issued a stage ahead
+    if (st == 0) {  // the tile's first S; the later ones are issued a stage ahead
       sk = sk_next;
       if (tl.n_stages > 1) sk_next = __ldg(tl.sk + heads);
+      mbar_wait(&bar.full[slot.index], slot.phase);
+      wgmma_fence();
+      issue_s128(s, s_hi, a_q, stage_base);
+      wgmma_commit();
+      wgmma_wait<0>();
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
