@@ -43,7 +43,7 @@ static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write th
 // not wanted.
 struct AttentionParams {
   TmaMap map_q, map_k, map_v;  // q (bf16) [tokens, heads * 256 bytes], k8 [tokens, heads * 128], v8t [heads * 128, v_pitch]
-  const int* tiles;            // the plan: (start, len, first query, head, segment, query end, first key block) per tile
+  const int* tiles;            // per tile: start, len, first query, head, segment, query end, first key block
   int n_tiles;
   const float* s_k;
   const float* s_v;

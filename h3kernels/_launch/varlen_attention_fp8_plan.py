@@ -3,11 +3,12 @@
 A work tile is (segment start, segment length, first query of a 128-query tile, head, segment
 index, the segment's query end, its first 128-key block). The index finds the segment's s_v and
 its query bounds (q_bounds); the last two columns are q_bounds[segment + 1] and
-block_offset[segment], so that a kernel reads all it needs of a tile in one round of loads. With two segmentations (queries of one token range against the keys
-of another, the ring's step) the start and length are the keys' (cross_plan_arrays). The
-persistent attention kernel walks the rows in order, so the longest (most expensive) tiles go
-first and the short ones fill the tail. Built on the host from cu_seqlens (no device sync when
-the caller passes cu_seqlens_host) and cached per (cu_seqlens content, heads, device).
+block_offset[segment], so that a kernel reads all it needs of a tile in one round of loads. With
+two segmentations (queries of one token range against the keys of another, the ring's step) the
+start and length are the keys' (cross_plan_arrays). The persistent attention kernel walks the
+rows in order, so the longest (most expensive) tiles go first and the short ones fill the tail.
+Built on the host from cu_seqlens (no device sync when the caller passes cu_seqlens_host) and
+cached per (cu_seqlens content, heads, device).
 """
 import functools
 
