@@ -2,7 +2,8 @@
 // varlen_attention_fp8.cu on wgmma with TMA loads. Same inputs (the quantization passes' k8, s_k,
 // v8t, s_v, mu in the workspace) but Q in bf16, quantized here per tile with the Q pass's
 // arithmetic (varlen_attention_fp8_sm90a_q.cuh: the same q8 and s_q bits), and the same plan of
-// work tiles (start, len, first query, head, segment), walked by a persistent grid of one CTA per SM.
+// work tiles (start, len, first query, head, segment, query end, first key block), walked by a
+// persistent grid of one CTA per SM.
 // docs/kernels/attention_sm90.md describes the kernel for a maintainer.
 //
 // Numerics (docs/spec.md, Attention): S = q8 . k8^T scaled to log2 units (s_q * s_k *

@@ -30,7 +30,7 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
-    Tile tl;  // the plan row holds the segment's bounds: one round of loads, none behind another
+    Tile tl;  // the row carries the segment's query end and first key block: no load behind another
     tl.len = __ldg(w + 1);
     const int q0 = __ldg(w + 2);
     tl.h = __ldg(w + 3);
