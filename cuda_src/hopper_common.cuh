@@ -70,10 +70,10 @@ struct PipelineState {
   }
 };
 
-// --- TMA -----------------------------------------------------------------------------------
 // A global line into L1 ahead of its loads (no memory clobber: it orders nothing)
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
+// --- TMA -----------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"((u64)map) : "memory");
 }

@@ -1,9 +1,10 @@
 // What both MLP GEMM families (mlp_fp8.cu: mma.sync; mlp_fp8_sm90a.cu: wgmma) share: the
 // persistent tile walk, the IEEE SiLU (mlp_fp8.cu's; the wgmma family takes the special-function
 // unit's), FC1's column order and the y quantization's arithmetic (its codes: fp8_common.cuh's
-// e4m3x4_from_bf16x4), whose one definition keeps y_q and y_scale bitwise equal between the families. (The epilogues' few lines stay in each
-// kernel: as helpers they compiled to other instruction schedules.) Needs BM and GROUP_M
-// from the including source (-D constants in mlp_fp8.cu, constexprs in mlp_fp8_sm90a.cu).
+// e4m3x4_from_bf16x4), whose one definition keeps y_q and y_scale bitwise equal between the
+// families. (The epilogues' few lines stay in each kernel: as helpers they compiled to other
+// instruction schedules.) Needs BM and GROUP_M from the including source (-D constants in
+// mlp_fp8.cu, constexprs in mlp_fp8_sm90a.cu).
 #pragma once
 #include "fp8_common.cuh"
 

@@ -8,8 +8,9 @@ every build gives the shipped build's y and out bit for bit.
 Each figure: the median of back-to-back launches between CUDA events (median_ms_batched), in ms,
 with its TFLOP/s; with --rounds, the median over rounds that take every variant in turn.
 --widths forces both GEMMs' tile width (the plan's tile_width; a width whose split differs from
-the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a
-checkout whose MlpBuild lacks a field fails on that expression alone."""
+the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds
+are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a checkout whose MlpBuild lacks a
+field fails on that expression alone."""
 import argparse
 import functools
 import json
