@@ -17,14 +17,13 @@
 #if !defined(H3_BM) || !defined(H3_BK) || !defined(H3_STAGES) || !defined(H3_GROUP_M) || \
     !defined(H3_PRODUCER_REGS) || !defined(H3_CONSUMER_REGS) || !defined(H3_FC1_EPI_BLOCKS) || \
     !defined(H3_FC2_EPI_BLOCKS) || !defined(H3_QUANT_THREADS) || !defined(H3_HIDDEN) || !defined(H3_FFN) || \
-    !defined(H3_FC1_OUT) || !defined(H3_SLICE_HALVES)
+    !defined(H3_FC1_OUT)
 #error "mlp_fp8_sm90a.cu is built with the -D constants of h3kernels/_launch/mlp_fp8_sm90a.py"
 #endif
 static constexpr int BM = H3_BM, BK = H3_BK, STAGES = H3_STAGES, GROUP_M = H3_GROUP_M;
 static constexpr int PRODUCER_REGS = H3_PRODUCER_REGS, CONSUMER_REGS = H3_CONSUMER_REGS;
 static constexpr int FC1_EPI_BLOCKS = H3_FC1_EPI_BLOCKS, FC2_EPI_BLOCKS = H3_FC2_EPI_BLOCKS;
 static constexpr int QUANT_THREADS = H3_QUANT_THREADS;
-static constexpr bool SLICE_HALVES = H3_SLICE_HALVES;
 static constexpr int HIDDEN = H3_HIDDEN, FFN = H3_FFN, FC1_OUT = H3_FC1_OUT;
 static_assert(BM == 128 && BK == 128,
               "the warpgroup roles assume 128-row output tiles and K slices of one 128-byte swizzled row");

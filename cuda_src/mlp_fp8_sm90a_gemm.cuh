@@ -175,29 +175,6 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       // QN rows of B: a multiple of the swizzle's 8 rows)
       const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
       const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
-      if constexpr (SLICE_HALVES && BN == 256) {
-        // Two 64 x 128 halves, each waited out and added: the other consumer's wgmmas keep the
-        // tensor core busy meanwhile, and each k32 step reads A once per 128 columns, not per 64.
-        float (&half)[64] = *reinterpret_cast<float(*)[64]>(&part[0][0]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_m64n128k32_e4m3(half, wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, h * 128 * BK + 32 * k), k);
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 64; ++i) {
-            fence_regs(half[i]);
-            acc[h][i] += half[i];
-          }
-        }
-        if (lane == 0) mbar_arrive(&empty[ring.index]);
-        ring.advance();
-        held.advance();
-        continue;
-      }
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         wgmma_fence();

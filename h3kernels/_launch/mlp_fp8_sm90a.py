@@ -71,7 +71,6 @@ class MlpBuild:
     fc1_epi_blocks: int = 8
     fc2_epi_blocks: int = 8
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)
-    slice_halves: bool = False  # 256-column tiles: a slice as two 128-column halves, each waited out
 
     kernels: ClassVar[tuple] = (*_GEMMS, QUANT)
 
@@ -80,7 +79,7 @@ class MlpBuild:
         d = dict(BM=BM, BK=BK, STAGES=self.stages, GROUP_M=self.group_m, PRODUCER_REGS=self.producer_regs,
                  CONSUMER_REGS=self.consumer_regs, FC1_EPI_BLOCKS=self.fc1_epi_blocks,
                  FC2_EPI_BLOCKS=self.fc2_epi_blocks, QUANT_THREADS=self.quant_threads, HIDDEN=HIDDEN, FFN=FFN,
-                 FC1_OUT=FC1_OUT, SLICE_HALVES=int(self.slice_halves))
+                 FC1_OUT=FC1_OUT)
         return {f"H3_{k}": v for k, v in d.items()}
 
     def kernel_params(self, name):
