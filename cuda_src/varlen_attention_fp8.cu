@@ -4,7 +4,7 @@
 //   q8, k8  e4m3 [tokens, heads, 128]     s_q f32 [tokens, heads]
 //   s_k     f32 [key blocks, heads]       (128-key blocks from each segment's start)
 //   v8t     e4m3 [heads, 128, v_pitch]    V transposed: channel rows, keys contiguous; segment
-//           seg starts at column 128 * block_offset[seg], its tail up to the next multiple of
+//           seg starts at column 128 x its first key block, its tail up to the next multiple of
 //           128 is zero, and inside every 16-key group the keys are stored permuted (see 'Why the V
 //           pass permutes keys' below; varlen_attention_fp8_quant.v_key_at)
 //   s_v     f32 [segments, heads, 128]
@@ -13,8 +13,8 @@
 // row's maximum: a numpy emulation puts that at rel L2 0.018 (200 keys) to 0.025 (4096 keys)
 // against the reference on randn inputs, while its error against float64 attention stays the
 // reference's own (the bound in h3kernels/testing/checks.py).
-// A persistent grid walks the plan's work tiles (start, len, first query, head, segment),
-// longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
+// A persistent grid walks the plan's work tiles (start, len, first query, head, segment, query
+// end, first key block), longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
 // stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows, then V^T rows).
 //
 // Per block a warp computes S = q8 . k8^T on mma m16n8k32 (Q as A fragments, K rows are the
@@ -75,8 +75,7 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const int* __restrict__ block_offset,
-                            const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
+    h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
                             const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
                             u16* out, int heads, i64 v_pitch, float scale_log2,
                             float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
@@ -90,12 +89,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
     const int* w = tiles + (i64)tile * TILE_INTS;
-    const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4];
-    // the segment's queries end at q_bounds[seg + 1]: start + len when queries and keys are the
-    // same tokens, elsewhere when this rank's queries meet another rank's keys (the ring)
-    const int end = q_bounds[seg + 1], n_blocks = (len + BKV - 1) / BKV;
+    // the segment's queries end at w[5]: start + len when queries and keys are the same tokens,
+    // elsewhere when this rank's queries meet another rank's keys (the ring); its V^T columns
+    // start at key block w[6]
+    const int start = w[0], len = w[1], q0 = w[2], h = w[3], seg = w[4], end = w[5], kb0 = w[6];
+    const int n_blocks = (len + BKV - 1) / BKV;
     const int n_iter = n_blocks;
-    const int kb0 = block_offset[seg];
     const u8* kseg = k8 + (i64)start * pitch + h * HD;
     const u8* vseg = v8t + (i64)h * HD * v_pitch + (i64)kb0 * KSB;
 

@@ -7,12 +7,12 @@ every build gives the shipped build's y and out bit for bit.
 
 Each figure: the median of back-to-back launches between CUDA events (median_ms_batched), in ms,
 with its TFLOP/s; with --rounds, the median over rounds that take every variant in turn.
---widths forces both GEMMs' tile width (the plan's tile_width; a width whose split differs from
+--widths forces both GEMMs' tile width (MlpBuild's tile_width; a width whose split differs from
 the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds
 are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a checkout whose MlpBuild lacks a
 field fails on that expression alone."""
 import argparse
-import functools
+import dataclasses
 import json
 import statistics
 
@@ -51,7 +51,8 @@ def main():
             for width in a.widths:
                 if width and eval(expr).dynamic_smem(hopper.gemm_kernel(hopper.FC1, width)) > SMEM_LIMIT[hopper.ARCH]:
                     continue  # that many stages of that width do not fit the SM
-                fc1, fc2 = with_width(width, functools.partial(mlp_gemms_alone, *args, ws, build=eval(expr)))
+                build = dataclasses.replace(eval(expr), tile_width=width)
+                fc1, fc2 = mlp_gemms_alone(*args, ws, build=build)
                 y, out = ws["workspace_y"], fc2.arrays[1]
                 y.fill_(float("nan"))
                 out.fill_(float("nan"))
@@ -79,36 +80,6 @@ def main():
         with open(a.json, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-
-
-def with_width(width, make):
-    """make() with the GEMMs' tile width forced to `width` (0: as planned): their launches, each
-    run under the plan of that width (hopper.plan, swapped for the call: the variants alternate)."""
-    if not width:
-        return make()
-    plans = {}  # M -> the plan at that width, made once
-
-    def plan(device_id, m):
-        if m not in plans:
-            chosen = hopper.tile_width
-            hopper.tile_width = lambda *args: width
-            try:  # the plan itself, not the cache of the shipped choice
-                plans[m] = hopper.plan_for.__wrapped__(m, hopper.sm_count(device_id))
-            finally:
-                hopper.tile_width = chosen
-        return plans[m]
-
-    def under_plan(fn):
-        def run():
-            shipped, hopper.plan = hopper.plan, plan
-            try:
-                return fn()
-            finally:
-                hopper.plan = shipped
-        run.arrays = getattr(fn, "arrays", None)
-        return run
-
-    return tuple(under_plan(fn) for fn in under_plan(make)())
 
 
 if __name__ == "__main__":

@@ -152,6 +152,17 @@ def test_tile_width_narrows_only_where_the_last_wave_would_idle(sms, m, widths):
     assert hopper.makespan(256, FC1_OUT, HIDDEN // hopper.BK, 132, 224) == 73.5
 
 
+def test_a_build_may_force_both_gemms_tile_width(sms):
+    """A measurement build's tile_width replaces the plan's choice for both GEMMs (the shipped
+    build leaves it to tile_width); a width the GEMMs are not built for is refused."""
+    sms(132)
+    assert hopper.SHIPPED.tile_width == 0 and hopper.plan(0, 256, hopper.SHIPPED.tile_width).width == (224, 256)
+    assert hopper.plan(0, 256, 256).width == (256, 256) and hopper.plan(0, 4096, 224).width == (224, 224)
+    assert hopper.MlpBuild(tile_width=224).defines() == hopper.SHIPPED.defines()  # not a source constant
+    with pytest.raises(ValueError, match="tile width: got 200"):
+        hopper.plan(0, 256, 200)
+
+
 def test_a_grid_is_never_more_than_its_work_units(sms):
     sms(132)
     assert hopper.plan(0, 1).split[1] == (126, 0, 6)  # FC2's 21 tiles, 6 parts each

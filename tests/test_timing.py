@@ -91,7 +91,7 @@ def test_mlp_gemms_alone_launches_each_gemm_on_the_calls_operands(monkeypatch):
     monkeypatch.setattr(arrays, "Call", FakeCall)
     monkeypatch.setattr(arrays, "restore", restored.append)
     monkeypatch.setattr(arrays, "data_ptr", lambda t: id(t))
-    monkeypatch.setattr(hopper, "workspace", lambda call, m: "split")
+    monkeypatch.setattr(hopper, "workspace", lambda call, m, width: "split")
     monkeypatch.setattr(hopper, "launch_fc1",
                         lambda call, *a, split, build: launched.append(("fc1", a, split, build)) or "r1")
     monkeypatch.setattr(hopper, "launch_fc2_gemm",

@@ -113,13 +113,13 @@ def pack_p(*ps):
     return out
 
 
-def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, lse_inputs=None,
+def emulate_kernel(tiles, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2, lse_inputs=None,
                    q_bounds=None):
     """The kernel, statement by statement, for every tile in turn (all warps at once). Returns
     out as float32 [tokens, heads, 128], NaN where nothing was written; with lse_inputs = (q as
     float32 [tokens, heads, 128] of its bf16 values, mu f32 [segments, heads, 128], softmax_scale),
     (out, lse f32 [heads, tokens], NaN where nothing was written). q_bounds: each segment's query
-    rows (the plan's; None: the tiles' own segments, queries = keys)."""
+    rows, whose start the lse takes (the plan's; None: the tiles' own segments, queries = keys)."""
     tokens = q8.shape[0]
     lse = np.full(heads * tokens, np.nan, np.float32)
     q8f, k8f, v8f = q8.reshape(-1), k8.reshape(-1), v8t.reshape(-1)
@@ -144,11 +144,9 @@ def emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale
             cp_async_16(smem, stage + K_BYTES + swz64(row, chunk), v8f, vseg + row * v_pitch + j * BKV + chunk * 16,
                         np.ones_like(idx, bool))
 
-    for start, length, q0, h, seg, *_ in tiles.tolist():  # the Hopper kernel's columns too
-        end, n_blocks, kb0 = start + length, -(-length // BKV), int(block_offset[seg])
-        q_first = start
-        if q_bounds is not None:
-            q_first, end = int(q_bounds[seg]), int(q_bounds[seg + 1])
+    for start, length, q0, h, seg, end, kb0 in tiles.tolist():
+        n_blocks = -(-length // BKV)
+        q_first = start if q_bounds is None else int(q_bounds[seg])
         n_iter = n_blocks
         kseg, vseg = start * pitch + h * HD, h * HD * v_pitch + kb0 * KSB
         for i in range(BQ * HD // 16 // THREADS):
@@ -264,8 +262,8 @@ def random_inputs(seqlens, heads, k_offset=0.0, seed=0, device="cpu"):
 def emulation_case(seed_of):
     seqlens, heads = [1, 60, 0, 200, 129], 2  # 60: one key block
     q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
-    tiles, block_offset = P.plan_host(cu, heads)
-    args = (tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
+    tiles, _ = P.plan_host(cu, heads)
+    args = (tiles, *kernel_inputs(q, k, v, cu), heads, np.float32(HEAD_DIM ** -0.5 * L.LOG2E))
     return args, R.attention_fp8(q, k, v, cu).float(), R.attention_exact(q, k, v, cu), np.asarray(cu, np.int32)
 
 
@@ -280,12 +278,12 @@ def test_emulated_kernel_with_online_max_matches_the_reference(emulation_case):
     assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact)
 
     # the check has teeth: V in plain key order (no v_key_at permutation) is far off
-    tiles, block_offset, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2 = args
+    tiles, q8, s_q, k8, s_k, v8t, s_v, heads, scale_log2 = args
     perm = Q.v_key_at(np.arange(128, dtype=np.uint64)).astype(np.int64)
     plain = np.zeros_like(v8t)
     for b in range(v8t.shape[2] // 128):
         plain[:, :, b * 128 + perm] = v8t[:, :, b * 128:(b + 1) * 128]
-    bad = emulate_kernel(tiles, block_offset, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, q_bounds=q_bounds)
+    bad = emulate_kernel(tiles, q8, s_q, k8, s_k, plain, s_v, heads, scale_log2, q_bounds=q_bounds)
     assert rel_l2(bad[61:], want[61:]) > 0.2
 
 
@@ -341,10 +339,10 @@ def test_emulated_kernel_lse_matches_the_reference(seed_of):
     so that the shift matters."""
     seqlens, heads = [1, 60, 0, 200, 129], 2
     q, k, v, _, cu = make_attention_inputs(seqlens, heads, device="cpu", seed=seed_of("emulation_case"), k_offset=20.0)
-    tiles, block_offset = P.plan_host(cu, heads)
+    tiles, _ = P.plan_host(cu, heads)
     scale = HEAD_DIM ** -0.5
     mu = R.segment_key_means(k, cu).numpy()
-    got, lse = emulate_kernel(tiles, block_offset, *kernel_inputs(q, k, v, cu), heads, np.float32(scale * L.LOG2E),
+    got, lse = emulate_kernel(tiles, *kernel_inputs(q, k, v, cu), heads, np.float32(scale * L.LOG2E),
                               lse_inputs=(q.float().numpy(), mu, scale), q_bounds=np.asarray(cu, np.int32))
     want_out, want = R.attention_fp8(q, k, v, cu, return_lse=True)
     assert not np.isnan(lse).any()  # every (head, token) written
@@ -378,7 +376,7 @@ def test_emulated_kernel_with_two_segmentations_matches_the_reference_partial(se
     s_k_blocks = np.stack([s_k[first].numpy() for first in blocks[:, 1]])
     s_v = R.div(amax, 448.0).numpy()
     u8 = lambda x: x.view(torch.uint8).numpy()
-    got, lse = emulate_kernel(tiles, block_offset, u8(q8), s_q.numpy(), u8(k8), s_k_blocks, Q.v_transposed(u8(v8), cu_k),
+    got, lse = emulate_kernel(tiles, u8(q8), s_q.numpy(), u8(k8), s_k_blocks, Q.v_transposed(u8(v8), cu_k),
                               s_v, heads, np.float32(scale * L.LOG2E), lse_inputs=(qa.float().numpy(), mean.numpy(), scale),
                               q_bounds=q_bounds)
     want, want_lse = R.attention_fp8_partial(qa, kb, vb, cu_q, cu_k, k_mean=mean, v_amax=amax)
@@ -404,7 +402,7 @@ def test_launch_values_fit_the_kernels_parameters(monkeypatch):
         assert len(values) == len(numba_ptx.params(name)), name
     build = L.AttentionBuild("sm_90")
     assert build.kernel_params(L.KERNEL) == L.PARAMS and build.kernels == (L.KERNEL,)
-    assert len(L.PARAMS) == 19  # 13 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
+    assert len(L.PARAMS) == 18  # 12 of the attention, then lse, q, mu, tokens, softmax_scale, q_bounds
     assert [name for name, *_ in L.quant_launches(0, 300, 2, 3, 4, ptr, ptr, ptr, ptr, 1, ptr, ptr, ptr,
                                                   with_q=False)] == [name for name, *_ in own][1:]
     assert [name for name, *_ in L.partial_launches(0, 200, 175, 2, 4, 3, ptr, ptr, ptr, ptr, ptr, None, ptr, ptr,
@@ -451,7 +449,7 @@ def test_mma_sync_launch_takes_the_build_and_returns_its_record(monkeypatch, sta
     (stream, grid, threads, values), = launched
     parts, _ = L.layout(cu[-1], heads, len(cu) - 1, len(blocks))
     assert (stream, grid, threads) == (7, (4, 1), L.THREADS) and len(values) == len(L.PARAMS)
-    assert values == (11, len(tiles), 12, base + parts["q8"][0], base + parts["s_q"][0], base + parts["k8"][0],
+    assert values == (11, len(tiles), base + parts["q8"][0], base + parts["s_q"][0], base + parts["k8"][0],
                       base + parts["s_k"][0], base + parts["v8t"][0], base + parts["s_v"][0], out.data_ptr(), heads,
                       len(blocks) * K_BLOCK, 0.125 * L.LOG2E, 0, q.data_ptr(), base + parts["mu"][0], cu[-1], 0.125,
                       14)

@@ -62,7 +62,7 @@ def test_varlen_sm90a_q_tile_takes_the_q_pass_bound_for_its_fast_quotient():
 def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
     """The launch layer's PARAMS lays AttentionParams out as the compiler does (the static_asserts
     of every offset and of the size compile), the maps first and 64-byte aligned, then the
-    mma.sync kernel's parameters in its order less block_offset, q8, s_q, k8, v8t and v_pitch."""
+    mma.sync kernel's parameters in its order less q8, s_q, k8, v8t and v_pitch."""
     build = hopper.AttentionBuild()
     compiler.compile_cubin(hopper.SOURCE, hopper.ARCH, build.defines(), use_cache=False,
                            appended=hopper.PARAMS.c_layout_checks())
@@ -73,7 +73,7 @@ def test_varlen_sm90a_parameter_struct_is_mirrored_field_by_field():
     assert [offsets[m] for m in ("map_q", "map_k", "map_v", "tiles")] == [0, 128, 256, 384]
     assert len(hopper.PARAMS.fields) == 16 and hopper.PARAMS.size == 512
     formats = tuple(fmt for _, fmt in hopper.PARAMS.fields)
-    assert formats[3:] == L.PARAMS[:2] + (L.PARAMS[6],) + L.PARAMS[8:11] + L.PARAMS[12:]
+    assert formats[3:] == L.PARAMS[:2] + (L.PARAMS[5],) + L.PARAMS[7:10] + L.PARAMS[11:]
     assert all(b.kernel_params(k) is hopper.PARAMS for b in SHIPPED for k in b.kernels)
 
 

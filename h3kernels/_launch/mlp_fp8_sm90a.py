@@ -71,6 +71,8 @@ class MlpBuild:
     fc1_epi_blocks: int = 8
     fc2_epi_blocks: int = 8
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)
+    # both GEMMs' tile width, one of WIDTHS, for measurements; 0 (shipped): the plan's per GEMM and M
+    tile_width: int = 0
 
     kernels: ClassVar[tuple] = (*_GEMMS, QUANT)
 
@@ -163,17 +165,21 @@ class Plan(NamedTuple):
     width: tuple  # per GEMM: its tile width (tile_width)
 
 
-def plan(device_id, m):
-    """The Plan of the two GEMMs at M rows on a device (work_split per GEMM)."""
-    return plan_for(m, sm_count(device_id))
+def plan(device_id, m, width=0):
+    """The Plan of the two GEMMs at M rows on a device (work_split per GEMM); width: both GEMMs'
+    tile width (0: tile_width's choice for each)."""
+    return plan_for(m, sm_count(device_id), width)
 
 
 @functools.lru_cache(maxsize=64)
-def plan_for(m, slots):
+def plan_for(m, slots, width=0):
     """plan() with `slots` CTAs resident, one per SM (cached per M, as the scratch layouts are)."""
+    if width not in (0, *WIDTHS):
+        raise ValueError(f"tile width: got {width}, need one of {WIDTHS} (or 0: the plan's)")
     split, widths, counters, partials = [], [], 0, 0
+    forced = width
     for n, k in ((FC1_OUT, HIDDEN), (HIDDEN, FFN)):
-        width = tile_width(m, n, k // BK, slots)
+        width = forced or tile_width(m, n, k // BK, slots)
         tiles = -(-m // BM) * (n // width)
         whole, parts = work_split(tiles, slots, k // BK)
         units = whole + (tiles - whole) * parts
@@ -186,29 +192,29 @@ def plan_for(m, slots):
     return Plan(tuple(split), counters, counters + partials if partials else 0, tuple(widths))
 
 
-def walk(call, m, gemm, split):
+def walk(call, m, gemm, split, width=0):
     """(CTAs, tile width, the GEMM's SplitK fields (split_whole, split_parts, partials,
     counters), an array to hold until the launch is queued) of FC1 (gemm 0) or FC2 (1). split:
     the workspace (an address, its counters zero), or None: the launch zeroes one of its own on
-    the call's stream."""
-    p = plan(call.device_id, m)
+    the call's stream. width: as plan()'s."""
+    p = plan(call.device_id, m, width)
     ctas, whole, parts = p.split[gemm]
     width = p.width[gemm]
     if parts == 1:
         return ctas, width, (whole, 1, 0, 0), None
     held = None
     if split is None:
-        held = workspace(call, m)
+        held = workspace(call, m, width)
         split = data_ptr(held)
     return ctas, width, (whole, parts, split + p.counter_bytes, split), held
 
 
-def workspace(call, m):
+def workspace(call, m, width=0):
     """A split workspace for launches at M rows (plan().workspace_bytes, its counters zeroed on
     the call's stream, which every launch leaves zeroed), or None where neither GEMM splits: a
     bench makes one and passes its address to its launches instead of each launch making its own
-    (a LaunchRecord's replay needs it to stay alive)."""
-    p = plan(call.device_id, m)
+    (a LaunchRecord's replay needs it to stay alive). width: as plan()'s."""
+    p = plan(call.device_id, m, width)
     if not p.workspace_bytes:
         return None
     held = call.empty((p.workspace_bytes,), arrays.E4M3)
@@ -242,9 +248,9 @@ def fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_r
 
 def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=None, build=SHIPPED):
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most),
-    in the tile width plan() picks, the last wave's tiles split over K as it says. Arguments are
+    in the tile width plan() picks (or the build's), the last wave's tiles split over K as it says. Arguments are
     addresses; split as in walk(). Returns the LaunchRecord."""
-    ctas, width, split_fields, _held = walk(call, m, 0, split)
+    ctas, width, split_fields, _held = walk(call, m, 0, split, build.tile_width)
     fc1 = kernel(call.device_id, gemm_kernel(FC1, width), build)
     return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                       fc1_values(m, width, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
@@ -262,7 +268,7 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); split as in walk(); the rest are addresses. Returns the
     LaunchRecord."""
-    ctas, width, split_fields, _held = walk(call, m, 1, split)
+    ctas, width, split_fields, _held = walk(call, m, 1, split, build.tile_width)
     fc2 = kernel(call.device_id, gemm_kernel(FC2, width), build)
     return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
                       fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],

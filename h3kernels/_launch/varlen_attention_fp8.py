@@ -37,7 +37,7 @@ STAGES = 4  # cp.async ring depth
 THREADS = 256  # 8 warps x 16 query rows
 TILE_INTS = plan.TILE_COLS  # plan columns: start, len, first query, head, segment, query end, first key block
 SMEM_BYTES = BQ * HD + STAGES * 2 * BKV * HD  # Q tile + ring of K and V^T blocks: 80 KiB
-PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
+PARAMS = ("u64", "i32", "u64", "u64", "u64", "u64", "u64", "u64", "u64", "i32", "i64", "f32",
           "u64", "u64", "u64", "i32", "f32", "u64")  # then lse (0: not wanted), q, mu, tokens, softmax_scale,
 # q_bounds (each segment's query rows; the plan's)
 
@@ -336,7 +336,7 @@ def _attend(call, build, plan_key, make_plan, ws_tokens, segments, heads, passes
             return hopper.launch(call, n_tiles, build, values)
         f = compiler.kernel(SOURCE, KERNEL, build.arch, build, call.device_id)
         return f.launch(stream, (min(n_tiles, f.grid_cap(THREADS)), 1), THREADS,
-                        (tiles, n_tiles, block_offset, base + o_q8, base + o_sq, base + o_k8, s_k,
+                        (tiles, n_tiles, base + o_q8, base + o_sq, base + o_k8, s_k,
                          base + o_v8t, s_v, data_ptr(out), heads, n * K_BLOCK, scale * LOG2E, lse_ptr,
                          data_ptr(q), mu, tokens, scale, q_bounds))
     finally:

@@ -196,9 +196,9 @@ def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gat
                                  **workspaces)
     m = x.shape[0]
     call = arrays.Call(dict(x=x))
-    split = hopper.workspace(call, m)
-    split_ptr = None if split is None else data_ptr(split)
     build = build or hopper.SHIPPED
+    split = hopper.workspace(call, m, build.tile_width)
+    split_ptr = None if split is None else data_ptr(split)
     ws = {k: data_ptr(v) for k, v in workspaces.items()}
     out = residual.new_empty(residual.shape)
     args1 = (m, ws["workspace_a_q"], ws["workspace_a_scale"], data_ptr(fc1_weight_q), data_ptr(fc1_weight_scale),
