@@ -18,7 +18,7 @@ __device__ __forceinline__ void issue_s128(float (&s_lo)[32], float (&s_hi)[32],
 // always. The stand-in reads no Q: the Q tile may be refilled for the next tile by then.
 __device__ __forceinline__ void issue_next_s128(float (&s_lo)[32], float (&s_hi)[32], u32 q_rows, u32 next_k_rows,
                                                 u32 k_rows, bool more) {
-  issue_s128(s_lo, s_hi, q_rows, more ? next_k_rows : k_rows);
+  issue_s128(s_lo, s_hi, more ? q_rows : k_rows, more ? next_k_rows : k_rows);
 }
 
 // P . V of one 64-key half into `part` (P from registers, V^T from shared memory: v_keys, the

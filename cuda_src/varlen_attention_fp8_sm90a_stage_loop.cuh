@@ -8,10 +8,8 @@
 // Stage st (keys 128 st ..): its S is in s / s_hi (issued a stage ahead; the first one here).
 // One running max for the stage: both halves' lane maxima, one row reduction, both halves' P
 // against it. The low half's P V is issued and runs while the high half's exponentials do; then
-// the next stage's S, then the high half's P V, continuing the same accumulators (wgmmas of one
-// warpgroup onto the same registers run in issue order). The stage waits for its low P V and
-// the next S only: its high P V runs on under the next stage's maxima, which wait for it before
-// they touch its registers (the partial, P . 1, the high P) or release its ring stage.
+// the high half's P V, continuing the same accumulators (wgmmas of one warpgroup onto the same
+// registers run in issue order), and the next stage's S behind it. One wait covers both P V.
 //
 // P V goes to a partial in the tensor core that runs on for kChainStages stages (1024 keys),
 // rescaled in registers only in a warp whose max moved, then joins the FP32 O at O's own max (mo):
@@ -32,10 +30,8 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
   u32 pa[kBlockKeys / 32][4], pb[kBlockKeys / 32][4];
   float sk = 0.f;  // s_k of the stage
   float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at
-  float ap0 = 1.f, ap1 = 1.f;  // the previous stage's alphas, for its P . 1
-  int prev = 0;  // the previous stage's ring index, released once its high P V is waited for
 #pragma unroll 1
-  for (int st = 0;; ++st) {  // a tile here has a stage at least; it leaves through its last one
+  for (int st = 0; st < tl.n_stages; ++st) {
     const u32 stage_base = sm.stage(slot.index);
     if (st == 0) {  // the tile's first S; the later ones are issued a stage ahead
       sk = sk_next;
@@ -53,25 +49,10 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
     }
     const int valid = tl.len - st * kStageKeys;  // keys of the segment from this stage's first
     const float cb0 = tl.c0 * sk, cb1 = tl.c1 * sk;
-    const float mp0 = m0, mp1 = m1;  // the max after the previous stage
     float x0, x1, y0, y1, a0, a1;
     lane_max<true>(s, x0, x1, cb0, cb1, valid, t);
     lane_max<true>(s_hi, y0, y1, cb0, cb1, valid - kBlockKeys, t);  // no keys: -inf
     row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);
-    wgmma_wait<0>();  // the previous stage's high P V (none at the first)
-    keep_p(pb);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_regs(part[i]);
-    if (st > 0) {  // what the previous stage left for its high P V's wait
-      add_l(lt0, lt1, lp, ap0, ap1);
-      if (st % kChainStages == 0) {  // the chain joins O, at O's max (mo) till then
-        const float f0 = ex2(mo0 - mp0), f1 = ex2(mo1 - mp1);  // 0 at the first: mo is -inf
-        mo0 = mp0;
-        mo1 = mp1;
-        add_o(o, part, f0, f1);
-      }
-      if (lane == 0) mbar_arrive(&bar.empty[prev]);  // the stage's last reads are done
-    }
     block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);
     // the chain's first stage starts part anew; a later one rescales it where a row's max moved
     const bool chain_on = st % kChainStages != 0;
@@ -91,23 +72,22 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
       mbar_wait(&bar.full[slot.index], slot.phase);
     }
     wgmma_fence();
-    issue_next_s128(s, s_hi, a_q, sm.stage(slot.index), stage_base, more);
-    wgmma_commit();
     issue_pv(part, pb, stage_base + kKBytes + kBlockKeys, lp, ones, true, true, true);  // P 0 without a high half
     wgmma_commit();
-    wgmma_wait<1>();  // the low P V and the next S are done; the high P V may still run
+    issue_next_s128(s, s_hi, a_q, sm.stage(slot.index), stage_base, more);
+    wgmma_commit();
+    wgmma_wait<1>();  // both halves' P V are done; the next S may still run
     keep_p(pa);
-    ap0 = a0;
-    ap1 = a1;
-    prev = cur;
-    if (!more) {  // the tile's last stage: everything waited for here (the stand-in S reads its K rows)
-      wgmma_wait<0>();
-      keep_p(pb);
-      add_l(lt0, lt1, lp, a0, a1);
-      const float f0 = ex2(mo0 - m0), f1 = ex2(mo1 - m1);
+    keep_p(pb);
+    add_l(lt0, lt1, lp, a0, a1);
+    if ((st + 1) % kChainStages == 0 || !more) {  // the chain joins O, at O's max (mo) till now
+      const float f0 = ex2(mo0 - m0), f1 = ex2(mo1 - m1);  // 0 at the first: mo is -inf
+      mo0 = m0;
+      mo1 = m1;
       add_o(o, part, f0, f1);
-      if (lane == 0) mbar_arrive(&bar.empty[cur]);
-      break;
     }
+    if (!more) wgmma_wait<0>();  // the last stage's stand-in S reads its K rows
+    if (lane == 0) mbar_arrive(&bar.empty[cur]);  // the stage's last reads are done
+    wgmma_wait<0>();
   }
 }
