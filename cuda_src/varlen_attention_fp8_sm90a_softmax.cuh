@@ -14,11 +14,6 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_layout.cuh"
 
-#ifndef POLY_EVERY
-#define POLY_EVERY 0
-#endif
-static constexpr int kPolyEvery = POLY_EVERY;  // measurement: every n-th score of a thread on ex2_fma
-
 // Keys from `valid` on (this lane's fragment) to -inf; only a segment's last stage has any.
 __device__ __forceinline__ void mask_keys(float (&v)[32], int valid, int t) {
   if (valid < kBlockKeys) {  // CTA-uniform
@@ -70,15 +65,6 @@ __device__ __forceinline__ void row_max(float mx0, float mx1, float& m0, float& 
   m1 = mx1;
 }
 
-// 2^x on the FMA pipes (measurement build): x clamped to [-125, 126], rounded to the integer n by
-// the 1.5 x 2^23 shift, 2^(x - n) by a cubic (relative error 7.7e-5), n added to the exponent.
-__device__ __forceinline__ float ex2_fma(float x) {
-  x = fminf(fmaxf(x, -125.f), 126.f);
-  const float t = x + 12582912.f, f = x - (t - 12582912.f);
-  float p = fmaf(fmaf(fmaf(0.05508877f, f, 0.24260466f), f, 0.69327628f), f, 0.9999289f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // P = e4m3(2^(S - (m - 8))) of the half against the max m (after row_max), packed as the A
 // fragments of its two k32 steps; with SUM_L, l = l * alpha + the sum of the unrounded P.
 template <bool FOLD, bool SUM_L>
@@ -108,10 +94,7 @@ __device__ __forceinline__ void block_exp(float (&s)[32], u32 (&pa)[kBlockKeys /
   }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    if (FOLD && kPolyEvery && i % kPolyEvery == kPolyEvery - 1)
-      s[i] = ex2_fma(s[i]);
-    else
-      s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));
+    s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));
     if (!SUM_L)
       continue;
     const float p = FOLD ? fminf(s[i], 0x1p64f) : s[i];  // the margin's inf (huge scores) kept finite
