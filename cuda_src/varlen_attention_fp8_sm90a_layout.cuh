@@ -38,9 +38,8 @@ static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
 
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
-// parameters in its order less block_offset (the plan's rows carry each tile's first key block),
-// q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch (which the maps carry). lse null:
-// not wanted.
+// parameters in its order less q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch
+// (which the maps carry). lse null: not wanted.
 struct AttentionParams {
   TmaMap map_q, map_k, map_v;  // q (bf16) [tokens, heads * 256 bytes], k8 [tokens, heads * 128], v8t [heads * 128, v_pitch]
   const int* tiles;            // per tile: start, len, first query, head, segment, query end, first key block

@@ -59,8 +59,8 @@ def _build():
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
-    # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row; V's
-    # scale varies per channel, so there the test goes with every quotient (no divergence)
+    # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row, V once
+    # per lane for its four channels (the rare lane outside it tests every quotient)
     quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
     key_at = device_function(v_key_at)
 
@@ -360,14 +360,23 @@ def _build():
         is written where count is 0 (a segment kernel's missing block); ends on a barrier, so the
         tile may be written again."""
         lane, w = t % uint64(32), t // uint64(32)
-        for i in range(KEYS_PER_WARP):
-            codes = uint32(0)
-            if w + uint64(QUANT_WARPS * i) < count:
+        if in_range(s0) and in_range(s1) and in_range(s2) and in_range(s3):
+            # the lane's usual case, tested once: no division in the loop, and no test per key
+            # (the quads past `count` are zeros, whose codes are 0 as the guarded loop's)
+            for i in range(KEYS_PER_WARP):
                 v0, v1 = word(vq[i], 0), word(vq[i], 1)
-                codes = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
-                                     | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
-                                        << 16))
-            tile[w + uint64(QUANT_WARPS * i), lane] = codes
+                tile[w + uint64(QUANT_WARPS * i), lane] = keep & uint32(
+                    e4m3x2(quotient(lo(v0), s0, i0), quotient(hi(v0), s1, i1))
+                    | (e4m3x2(quotient(lo(v1), s2, i2), quotient(hi(v1), s3, i3)) << 16))
+        else:
+            for i in range(KEYS_PER_WARP):
+                codes = uint32(0)
+                if w + uint64(QUANT_WARPS * i) < count:
+                    v0, v1 = word(vq[i], 0), word(vq[i], 1)
+                    codes = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
+                                         | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
+                                            << 16))
+                tile[w + uint64(QUANT_WARPS * i), lane] = codes
         cuda.syncthreads()
         # lane l's output columns 4l .. 4l + 3 hold keys key_at(4l + b); one tile word holds four
         # channels of a key, so four words give the lane's word of four channel rows
