@@ -14,8 +14,9 @@
 // against the reference on randn inputs, while its error against float64 attention stays the
 // reference's own (the bound in h3kernels/testing/checks.py).
 // A persistent grid walks the plan's work tiles (start, len, first query, head, segment, query
-// end, first key block), longest segments first. A tile is 128 queries of one head: 8 warps of 16 query rows. Keys
-// stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows, then V^T rows).
+// end, first key block), longest segments first. A tile is 128 queries of one head: 8 warps of
+// 16 query rows. Keys stream through a STAGES-deep cp.async ring of BKV-key blocks (K rows,
+// then V^T rows).
 //
 // Per block a warp computes S = q8 . k8^T on mma m16n8k32 (Q as A fragments, K rows are the
 // "col" B operand as stored), scales it to log2 units (s_q * s_k * softmax_scale * log2 e),
@@ -75,8 +76,8 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const u8* __restrict__ q8, const float* __restrict__ s_q, const u8* __restrict__ k8,
-                            const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
+    h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const u8* __restrict__ q8,
+                            const float* __restrict__ s_q, const u8* __restrict__ k8, const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
                             u16* out, int heads, i64 v_pitch, float scale_log2,
                             float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
                             int tokens, float softmax_scale, const int* __restrict__ q_bounds) {

@@ -10,7 +10,7 @@ with its TFLOP/s; with --rounds, the median over rounds that take every variant 
 --widths forces both GEMMs' tile width (MlpBuild's tile_width; a width whose split differs from
 the shipped plan's may differ in the last bits, which the bitwise column then shows). The builds
 are MlpBuild expressions (h3kernels/_launch/mlp_fp8_sm90a.py); a checkout whose MlpBuild lacks a
-field fails on that expression alone."""
+field fails on that expression alone (a forced width needs MlpBuild.tile_width)."""
 import argparse
 import dataclasses
 import json
@@ -51,7 +51,9 @@ def main():
             for width in a.widths:
                 if width and eval(expr).dynamic_smem(hopper.gemm_kernel(hopper.FC1, width)) > SMEM_LIMIT[hopper.ARCH]:
                     continue  # that many stages of that width do not fit the SM
-                build = dataclasses.replace(eval(expr), tile_width=width)
+                build = eval(expr)
+                if width:
+                    build = dataclasses.replace(build, tile_width=width)
                 fc1, fc2 = mlp_gemms_alone(*args, ws, build=build)
                 y, out = ws["workspace_y"], fc2.arrays[1]
                 y.fill_(float("nan"))

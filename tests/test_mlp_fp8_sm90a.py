@@ -161,6 +161,16 @@ def test_a_build_may_force_both_gemms_tile_width(sms):
     assert hopper.MlpBuild(tile_width=224).defines() == hopper.SHIPPED.defines()  # not a source constant
     with pytest.raises(ValueError, match="tile width: got 200"):
         hopper.plan(0, 256, 200)
+    # a launch without a workspace makes the one of the plan it runs under (at M = 2176 the
+    # shipped plan's FC2 is 224 columns wide and both GEMMs split; a plan of 256-column FC2 tiles
+    # needs less)
+    for width, gemm in ((0, 0), (0, 1), (224, 0), (224, 1)):
+        p, call = hopper.plan(0, 2176, width), FakeCall()
+        ctas, tile, fields, held = hopper.walk(call, 2176, gemm, None, width)
+        assert tile == p.width[gemm] and fields[1] == p.split[gemm][2] > 1 and held is not None
+        assert call.done[0][1] == (p.workspace_bytes,) and call.done[1] == ("zero", p.counter_bytes)
+        assert fields[2] == FakeCall.Array().data_ptr() + p.counter_bytes
+    assert hopper.plan(0, 2176, 256).workspace_bytes < hopper.plan(0, 2176).workspace_bytes
 
 
 def test_a_grid_is_never_more_than_its_work_units(sms):

@@ -199,14 +199,13 @@ def walk(call, m, gemm, split, width=0):
     the call's stream. width: as plan()'s."""
     p = plan(call.device_id, m, width)
     ctas, whole, parts = p.split[gemm]
-    width = p.width[gemm]
     if parts == 1:
-        return ctas, width, (whole, 1, 0, 0), None
+        return ctas, p.width[gemm], (whole, 1, 0, 0), None
     held = None
     if split is None:
-        held = workspace(call, m, width)
+        held = workspace(call, m, width)  # the same plan's
         split = data_ptr(held)
-    return ctas, width, (whole, parts, split + p.counter_bytes, split), held
+    return ctas, p.width[gemm], (whole, parts, split + p.counter_bytes, split), held
 
 
 def workspace(call, m, width=0):

@@ -36,8 +36,8 @@ SMEM_BYTES = BQ * HD + STAGES * 2 * KSB * HD + ONES_BYTES + OUT_STAGING + Q_STAG
 Q_ALIGN = 16  # TMA reads q from a 16-byte-aligned address
 
 # The kernel's one __grid_constant__ parameter, AttentionParams: the maps, then the mma.sync
-# kernel's parameters in its order less block_offset (the plan's rows carry each tile's first key
-# block), q8 and s_q (the kernel quantizes Q), k8, v8t and v_pitch (which the maps carry)
+# kernel's parameters in its order less q8 and s_q (the kernel quantizes Q), k8, v8t and v_pitch
+# (which the maps carry)
 PARAMS = launcher.ParamStruct("AttentionParams", (
     ("map_q", "map"), ("map_k", "map"), ("map_v", "map"), ("tiles", "u64"), ("n_tiles", "i32"),
     ("s_k", "u64"), ("s_v", "u64"), ("out", "u64"), ("heads", "i32"),

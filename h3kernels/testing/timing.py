@@ -185,7 +185,8 @@ def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gat
     its workspace keywords, a_q to y_scale at least, which keep what the call computed) and
     returns (fc1, fc2): functions that launch its FC1 GEMM (into workspace_y) and its FC2 GEMM
     (into a tensor of their own, fc2.arrays[1]) alone again on those operands, with the call's
-    work split, in `build` (an MlpBuild; default the shipped one). For the wgmma family only."""
+    work split (or that of the build's tile_width where it is not 0), in `build` (an MlpBuild;
+    default the shipped one). For the wgmma family only."""
     import h3kernels
     from h3kernels._launch import mlp_fp8_sm90a as hopper
     from h3kernels._runtime import arrays
