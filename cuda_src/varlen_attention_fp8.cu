@@ -77,7 +77,8 @@ __device__ __forceinline__ void load_kv(u32 stage, const u8* __restrict__ kseg, 
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     h3_varlen_attention_fp8(const int* __restrict__ tiles, int n_tiles, const u8* __restrict__ q8,
-                            const float* __restrict__ s_q, const u8* __restrict__ k8, const float* __restrict__ s_k, const u8* __restrict__ v8t, const float* __restrict__ s_v,
+                            const float* __restrict__ s_q, const u8* __restrict__ k8, const float* __restrict__ s_k,
+                            const u8* __restrict__ v8t, const float* __restrict__ s_v,
                             u16* out, int heads, i64 v_pitch, float scale_log2,
                             float* __restrict__ lse, const u16* q, const float* __restrict__ mu,
                             int tokens, float softmax_scale, const int* __restrict__ q_bounds) {

@@ -177,17 +177,16 @@ def plan_for(m, slots, width=0):
     if width not in (0, *WIDTHS):
         raise ValueError(f"tile width: got {width}, need one of {WIDTHS} (or 0: the plan's)")
     split, widths, counters, partials = [], [], 0, 0
-    forced = width
     for n, k in ((FC1_OUT, HIDDEN), (HIDDEN, FFN)):
-        width = forced or tile_width(m, n, k // BK, slots)
-        tiles = -(-m // BM) * (n // width)
+        w = width or tile_width(m, n, k // BK, slots)
+        tiles = -(-m // BM) * (n // w)
         whole, parts = work_split(tiles, slots, k // BK)
         units = whole + (tiles - whole) * parts
         split.append((min(units, slots), whole, parts))
-        widths.append(width)
+        widths.append(w)
         if parts > 1:
             counters = max(counters, 2 * (tiles - whole) * COUNTER_BYTES)
-            partials = max(partials, (tiles - whole) * parts * partial_bytes(width))
+            partials = max(partials, (tiles - whole) * parts * partial_bytes(w))
     counters = -(-counters // ALIGN) * ALIGN
     return Plan(tuple(split), counters, counters + partials if partials else 0, tuple(widths))
 

@@ -360,9 +360,10 @@ def _build():
         is written where count is 0 (a segment kernel's missing block); ends on a barrier, so the
         tile may be written again."""
         lane, w = t % uint64(32), t // uint64(32)
+        # No test per key: the quads past `count` are zeros (load_keys), whose codes are 0. The
+        # range of the division-free quotient is tested once for the lane's four channels; the
+        # rare lane outside it tests every quotient.
         if in_range(s0) and in_range(s1) and in_range(s2) and in_range(s3):
-            # the lane's usual case, tested once: no division in the loop, and no test per key
-            # (the quads past `count` are zeros, whose codes are 0 as the guarded loop's)
             for i in range(KEYS_PER_WARP):
                 v0, v1 = word(vq[i], 0), word(vq[i], 1)
                 tile[w + uint64(QUANT_WARPS * i), lane] = keep & uint32(
@@ -370,13 +371,10 @@ def _build():
                     | (e4m3x2(quotient(lo(v1), s2, i2), quotient(hi(v1), s3, i3)) << 16))
         else:
             for i in range(KEYS_PER_WARP):
-                codes = uint32(0)
-                if w + uint64(QUANT_WARPS * i) < count:
-                    v0, v1 = word(vq[i], 0), word(vq[i], 1)
-                    codes = keep & uint32(e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
-                                         | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3))
-                                            << 16))
-                tile[w + uint64(QUANT_WARPS * i), lane] = codes
+                v0, v1 = word(vq[i], 0), word(vq[i], 1)
+                tile[w + uint64(QUANT_WARPS * i), lane] = keep & uint32(
+                    e4m3x2(quotient_or_div(lo(v0), s0, i0), quotient_or_div(hi(v0), s1, i1))
+                    | (e4m3x2(quotient_or_div(lo(v1), s2, i2), quotient_or_div(hi(v1), s3, i3)) << 16))
         cuda.syncthreads()
         # lane l's output columns 4l .. 4l + 3 hold keys key_at(4l + b); one tile word holds four
         # channels of a key, so four words give the lane's word of four channel rows
