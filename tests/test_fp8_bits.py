@@ -1,14 +1,16 @@
 """The raw-bit conversions of the Numba kernels, exhaustively against torch (the reference's), and
 the row kernel's division-free quotient against RN(a / s).
 
-python tests/test_fp8_bits.py   sweeps the quotient over all 1.04e9 (a, amax) pairs (about a
-minute; the tests use a sample)."""
+python tests/test_fp8_bits.py        sweeps the quotient over all 1.04e9 bf16 (a, amax) pairs (about
+                                    a minute; the tests use a sample)
+python tests/test_fp8_bits.py fp32   sweeps it for FP32 a over all 2^23 mantissas of s (about four
+                                    minutes on two cores; the tests use a sample)"""
 import numpy as np
 import pytest
 import torch
 
 from h3kernels import reference as R
-from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE, host
+from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE, MIN_FAST_SCALE_FP32, host
 
 F32, F64 = np.float32, np.float64
 
@@ -164,6 +166,71 @@ def test_division_free_quotient_gives_the_codes_of_the_division(seed):
         assert sweep(tiny, 0)[1] > 0
 
 
+# For an FP32 a (K's centred keys) no sweep over all pairs is possible; what is checked instead:
+# q' is within an ulp of RN(a / s) for every pair (q is within 2 ulps, and the correction adds
+# (a / s - q) times the relative errors of inv and of r, a few 2^-24 of an ulp), so the codes can
+# differ only where RN(a / s) is within an ulp of an e4m3 rounding boundary M. There q' must be
+# RN(a / s) itself. Every M has a mantissa m / 16 (m = 16 .. 31; the subnormal codes' midpoints
+# too); from MIN_FAST_SCALE_FP32 on, every rounding that can reach a nonzero code is of normal
+# numbers (a >= s 2^-11 >= 2^-101, r a multiple of 2^-147), so q' scales with a and s and one
+# exponent of s checks them all: each s mantissa against a within 6 ulps of RN(s M), each of the
+# 16 mantissas of M. Quotients below 2^-11 (code 0) keep their sign whatever r's rounding.
+
+def fp32_sweep(s_mantissas):
+    """(pairs checked, pairs where q' != RN(a / s)) for s = 1 + S 2^-23, S in s_mantissas
+    (uint32), and positive a within 6 ulps of RN(s M), M = 1 + j / 16 (the code's symmetric in
+    a's sign). RN(a / s) and RN(1 / s) through float64 (53 >= 2 x 24 + 2: the double rounding is
+    innocuous); a - s q is exact in float64 (49 bits), then rounded once, as the FMA does."""
+    s = ((np.uint32(127) << 23) | np.asarray(s_mantissas, dtype=np.uint32)).view(F32)
+    s64 = s.astype(F64)
+    inv64 = (1.0 / s64).astype(F32).astype(F64)
+    pairs = bad = 0
+    for j in range(16):
+        near = (s64 * (1 + j / 16)).astype(F32).view(np.uint32)
+        for d in range(-6, 7):
+            a64 = (near + np.uint32(d) if d >= 0 else near - np.uint32(-d)).view(F32).astype(F64)
+            q = (a64 * inv64).astype(F32)
+            r = (a64 - s64 * q.astype(F64)).astype(F32)
+            fast = np.where(r == 0, q, rn32_of_sum(q.astype(F64), r.astype(F64) * inv64))
+            pairs += q.size
+            bad += int((fast != (a64 / s64).astype(F32)).sum())
+    return pairs, bad
+
+
+def test_division_free_quotient_of_fp32_values_is_the_rounded_quotient(seed):
+    """The sweep above on 4096 random mantissas of s and 384 at the ends and the middle of the
+    binade; `python tests/test_fp8_bits.py fp32` runs all 2^23 (1.7e9 pairs, none differ)."""
+    edges = np.concatenate([np.arange(128), np.arange((1 << 22) - 64, (1 << 22) + 64), np.arange((1 << 23) - 128, 1 << 23)])
+    rand = np.random.default_rng(seed).integers(0, 1 << 23, 4096)
+    pairs, bad = fp32_sweep(np.concatenate([edges, rand]).astype(np.uint32))
+    assert pairs > 900_000 and bad == 0, (pairs, bad)
+
+
+def test_division_free_quotient_of_fp32_values_gives_the_codes_at_every_scale(seed):
+    """The kernels' K codes at the scales they meet, subnormal remainders included: s from
+    MIN_FAST_SCALE_FP32 to 2^119 (amax up to the largest float), a within 6 ulps of every e4m3
+    rounding boundary times s, both signs; the same model, e4m3 codes compared."""
+    rng = np.random.default_rng(seed)
+    n = 20_000
+    s = (np.exp2(rng.uniform(-90, 118, n)) * rng.uniform(1, 2, n)).astype(F32)
+    s = np.maximum(s, F32(MIN_FAST_SCALE_FP32))
+    pos = np.unique(E4M3_VALUES[:0x7F].astype(F64))
+    mid = (pos[1:] + pos[:-1]) / 2
+    m = rng.choice(mid, n) * rng.choice([-1.0, 1.0], n)
+    near = (s.astype(F64) * m).astype(F32).view(np.int32)
+    inv64 = (F32(1) / s).astype(F64)
+    checked = 0
+    for d in range(-6, 7):
+        a = (near + np.int32(d)).view(F32)
+        a64 = a.astype(F64)
+        q = (a64 * inv64).astype(F32)
+        r = (a64 - s.astype(F64) * q.astype(F64)).astype(F32)
+        fast = np.where(r == 0, q, rn32_of_sum(q.astype(F64), r.astype(F64) * inv64))
+        assert np.array_equal(e4m3_codes(fast), e4m3_codes(a / s)), d
+        checked += n
+    assert checked == 13 * n
+
+
 def test_host_fma_rounds_once(seed):
     """fp8_bits.fma_rn (the simulator's FMA) against exact rational arithmetic, ties included."""
     from fractions import Fraction
@@ -191,6 +258,15 @@ def test_host_fma_rounds_once(seed):
 
 
 if __name__ == "__main__":
-    pairs, bad = sweep(all_bf16_amax(), MIN_FAST_SCALE)
-    print(f"{pairs} (a, amax) pairs with s >= {MIN_FAST_SCALE}: {bad} e4m3 codes differ from e4m3(RN(a / s))")
+    import sys
+
+    if sys.argv[1:] == ["fp32"]:
+        pairs = bad = 0
+        for c in range(0, 1 << 23, 1 << 18):
+            p, b = fp32_sweep(np.arange(c, c + (1 << 18), dtype=np.uint32))
+            pairs, bad = pairs + p, bad + b
+        print(f"{pairs} (a, s) pairs near the e4m3 rounding boundaries: {bad} quotients differ from RN(a / s)")
+    else:
+        pairs, bad = sweep(all_bf16_amax(), MIN_FAST_SCALE)
+        print(f"{pairs} (a, amax) pairs with s >= {MIN_FAST_SCALE}: {bad} e4m3 codes differ from e4m3(RN(a / s))")
     raise SystemExit(1 if bad else 0)

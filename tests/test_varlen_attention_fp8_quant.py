@@ -112,6 +112,34 @@ def check_infinite_scales(seed):
     assert not mismatches, f"differ from the reference: {mismatches}"
 
 
+@pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_tiny_key_scales)")
+def test_tiny_key_scales_divide(seed):
+    """K's codes come from the division-free quotient where the block's s_k is at least
+    MIN_FAST_SCALE_FP32 (2^-90) and from divisions below it: segment 0's keys scaled to s_k about
+    7e-29, segment 1's to about 7e-27 (its smallest nonzero codes' k' near 1e-29); both the
+    reference's bits, in both K passes."""
+    check_tiny_key_scales(seed)
+
+
+@pytest.mark.gpu
+def test_gpu_tiny_key_scales(seed):
+    check_tiny_key_scales(seed)
+
+
+def check_tiny_key_scales(seed):
+    def edit(q, k, v):
+        k[:5] *= 1e-26
+        k[5:] *= 1e-24
+
+    q, k, v, cu, _ = passes_on(2, seed, edit)
+    for one_read in (True, False):  # the one-read K pass and k_quant_kernel
+        out = numba_check.attention_passes(q, k, v, cu, one_read)
+        s_k = out["s_k"]
+        assert (s_k[0] < 2.0 ** -90).all() and (s_k[1:] > 2.0 ** -90).all(), s_k
+        mismatches = numba_check.attention_pass_mismatches(q, k, v, cu, out)
+        assert not mismatches, f"one_read={one_read}: differ from the reference: {mismatches}"
+
+
 @pytest.mark.skipif(not SIM, reason="the simulator runs when there is no GPU (GPU twin: test_gpu_nan_scales)")
 def test_nan_scales_give_zero_codes(seed):
     """A NaN in a Q row, a K element or a V channel makes that row's s_q, the segment and head's

@@ -132,7 +132,8 @@ host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f
                        div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
 
 
-MIN_FAST_SCALE = 1e-30  # below this scale, kernels divide instead of calling quotient()
+MIN_FAST_SCALE = 1e-30  # below this scale, kernels divide bf16 values instead of calling quotient()
+MIN_FAST_SCALE_FP32 = 2.0 ** -90  # the same for FP32 numerators (K's centred keys)
 
 
 def device_function(fn):
@@ -146,24 +147,29 @@ def device_function(fn):
     return fn if config.ENABLE_CUDASIM else cuda.jit(device=True)(fn)
 
 
-def make_quotient(fma_rn, div_rn):
+def make_quotient(fma_rn, div_rn, min_scale=MIN_FAST_SCALE):
     """Numba device functions (quotient, quotient_or_div, in_range) for e4m3(RN(a / s)).
 
     quotient(a, s, inv), given inv = RN(1 / s), has the e4m3 code of RN(a / s) without a
     division: a * inv is within about an ulp, and one correction by the exact remainder (two
-    FMAs, Markstein) rounds it. Checked code by code for every bf16 a with |a| <= amax and every
-    bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE: tests/test_fp8_bits.py (a sample) and
-    tests/quotient_sweep.py (all 1.04e9 pairs). So only quantizers of bf16 values by their own
-    amax may use it, and only where in_range(s): below MIN_FAST_SCALE the remainder can be
-    subnormal, and an infinite s (an Inf among the values) has inv = 0, which turns a / inf = 0
-    into NaN. An exact product keeps its own sign: the correction would turn a = -0 into +0.
-    quotient_or_div(a, s, inv) divides outside that range; kernels whose scale is fixed for a
+    FMAs, Markstein) rounds it. in_range(s) holds where that is checked:
+    - bf16 a (min_scale MIN_FAST_SCALE): code by code for every bf16 a with |a| <= amax and every
+      bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE (`python tests/test_fp8_bits.py`, all
+      1.04e9 pairs; the tests a sample). Below it the remainder can be subnormal.
+    - any FP32 a (min_scale MIN_FAST_SCALE_FP32): the corrected quotient is RN(a / s) itself for
+      every FP32 s and every a whose quotient lies within 6 ulps of an e4m3 rounding boundary,
+      the only quotients where an ulp can change the code (`python tests/test_fp8_bits.py fp32`,
+      all 2^23 mantissas of s; the tests a sample). From 2^-90 on, every rounding that can reach
+      a nonzero code is of normal numbers, so the check at one exponent holds at all.
+    An infinite s (an Inf among the values) has inv = 0, which turns a / inf = 0 into NaN: out of
+    range too. An exact product keeps its own sign: the correction would turn a = -0 into +0.
+    quotient_or_div(a, s, inv) divides outside the range; kernels whose scale is fixed for a
     whole loop test in_range once and call quotient in the loop."""
     from numba import float32
 
     @device_function
     def in_range(s):
-        return s >= float32(MIN_FAST_SCALE) and s < float32(math.inf)
+        return s >= float32(min_scale) and s < float32(math.inf)
 
     @device_function
     def quotient(a, s, inv):

@@ -53,15 +53,17 @@ _kernels = None
 
 
 def _build():
-    from h3kernels._launch.numba.fp8_bits import device_function, make_quotient, primitives
+    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE_FP32, device_function, make_quotient, primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
     # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row, V once
-    # per lane for its four channels (the rare lane outside it tests every quotient)
+    # per lane for its four channels (the rare lane outside it tests every quotient); K divides
+    # FP32 values (the centred keys), whose range is narrower, once per block
     quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
+    in_fp32_range = make_quotient(p.fma_rn, div_rn, MIN_FAST_SCALE_FP32)[2]
     key_at = device_function(v_key_at)
 
     @cuda.jit
@@ -301,11 +303,21 @@ def _build():
 
     @device_function
     def k_codes(kq, k8, at, step, first, stride, count, m0, m1, m2, m3, s):
-        """k8 at the thread's keys (load_keys') = e4m3(RN(k' / s)), zeros for a zero scale."""
+        """k8 at the thread's keys (load_keys') = e4m3(RN(k' / s)), zeros for a zero scale: the
+        division-free quotient where s is in its FP32 range (the block's usual case), else exact
+        divisions."""
+        if in_fp32_range(s):
+            inv = div_rn(float32(1.0), s)
+            for i in range(KEYS_PER_WARP):
+                if first + stride * uint64(i) < count:
+                    c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
+                    k8[at + uint64(i) * step] = uint32(e4m3x2(quotient(c0, s, inv), quotient(c1, s, inv))
+                                                       | (e4m3x2(quotient(c2, s, inv), quotient(c3, s, inv)) << 16))
+            return
         for i in range(KEYS_PER_WARP):
             if first + stride * uint64(i) < count:
                 out = uint32(0)
-                if s > float32(0.0):  # k' is no bf16 value: exact divisions
+                if s > float32(0.0):
                     c0, c1, c2, c3 = centred(kq[i], m0, m1, m2, m3)
                     out = uint32(e4m3x2(div_rn(c0, s), div_rn(c1, s)) | (e4m3x2(div_rn(c2, s), div_rn(c3, s)) << 16))
                 k8[at + uint64(i) * step] = out
