@@ -86,39 +86,6 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int inne
       : "memory");
 }
 
-// --- clusters (a CTA pair sharing a load through TMA multicast) --------------------------------
-__device__ __forceinline__ u32 cluster_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of the cluster arrives and waits (release / acquire): orders the barriers'
-// initialization before the peer's first signal, and keeps a CTA alive while its peer may still
-// write its shared memory or arrive on its barriers.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// One arrival on the barrier at this CTA's shared address `bar` in CTA `rank` of the cluster, at
-// CTA scope (the default): it says that this warp's wgmmas are done reading a stage, which their
-// wait has already ordered; cluster scope compiled to a MEMBAR.ALL.GPU before each arrival.
-__device__ __forceinline__ void mbar_arrive_remote(u64* bar, u32 rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-// The box of `map` at (inner, outer) -> shared address dst in every CTA of cta_mask, each CTA's
-// barrier at `bar`'s offset receiving the bytes it got.
-__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TmaMap* map, int inner, int outer, u64* bar,
-                                                      u16 cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"((u64)map), "r"(inner), "r"(outer), "r"(smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
-
 // --- warpgroup register reallocation (every warp of the warpgroup executes it) --------------
 template <int N>
 __device__ __forceinline__ void regs_dealloc() {

@@ -96,14 +96,14 @@ struct QuantParams {
 
 // FC1: n8 blocks (j, j + 1), j even, are the gate and up values of 8 logical columns (the
 // prepacked row order), so one thread holds both operands of each SwiGLU.
-template <int BN, bool PAIR>
+template <int BN>
 __device__ __forceinline__ void fc1(const Fc1Params& p) {
   constexpr int HALF_N = BN / 2, HALF_BLOCKS = BN / 16;  // a half's columns and n8 blocks
   const float *a_scale = p.a_scale, *w1_scale = p.w1_scale;
   u16* y = p.y;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<HIDDEN, BN, PAIR>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
+  wgmma_gemm<HIDDEN, BN>(&p.map_a, &p.map_w1, M, FC1_OUT / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
                                                                          int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
@@ -161,7 +161,7 @@ __device__ __forceinline__ void fc1(const Fc1Params& p) {
 }
 
 // FC2: out may be residual itself.
-template <int BN, bool PAIR>
+template <int BN>
 __device__ __forceinline__ void fc2(const Fc2Params& p) {
   constexpr int HALF_N = BN / 2, HALF_BLOCKS = BN / 16;
   const float *y_scale = p.y_scale, *w2_scale = p.w2_scale;
@@ -172,7 +172,7 @@ __device__ __forceinline__ void fc2(const Fc2Params& p) {
   u16* out = p.out;
   const int M = p.M;
   const SplitK split{p.split_whole, p.split_parts, p.partials, p.counters};
-  wgmma_gemm<FFN, BN, PAIR>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
+  wgmma_gemm<FFN, BN>(&p.map_y_q, &p.map_w2, M, HIDDEN / BN, split, [&](const float (&acc)[2][BN / 4], int r0,
                                                                       int n0) {
     const int t = threadIdx.x & 127;
     const int row0 = r0 + 16 * (t >> 5) + ((t & 31) >> 2), col0 = n0 + 2 * (t & 3);
@@ -229,23 +229,19 @@ __device__ __forceinline__ void fc2(const Fc2Params& p) {
 }
 
 // The entries: each GEMM at the tile widths the launch layer's plan picks from (mlp_fp8_sm90a.py,
-// WIDTHS): 256, and 224 where 256-column tiles would leave much of the last wave idle; each alone
-// and in CTA pairs (_pair, clusters of two: PAIR in mlp_fp8_sm90a_gemm.cuh), which the plan takes
-// at small M.
-#define H3_GEMM_ENTRY(name, gemm, Params, BN, PAIR, CLUSTER)                                               \
-  extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) CLUSTER name(const __grid_constant__ Params p) { \
-    gemm<BN, PAIR>(p);                                                                                    \
-  }
-#define H3_SINGLE
-#define H3_PAIRED __cluster_dims__(2, 1, 1)
-H3_GEMM_ENTRY(h3_mlp_fc1_wgmma_n256, fc1, Fc1Params, 256, false, H3_SINGLE)
-H3_GEMM_ENTRY(h3_mlp_fc1_wgmma_n224, fc1, Fc1Params, 224, false, H3_SINGLE)
-H3_GEMM_ENTRY(h3_mlp_fc2_wgmma_n256, fc2, Fc2Params, 256, false, H3_SINGLE)
-H3_GEMM_ENTRY(h3_mlp_fc2_wgmma_n224, fc2, Fc2Params, 224, false, H3_SINGLE)
-H3_GEMM_ENTRY(h3_mlp_fc1_wgmma_n256_pair, fc1, Fc1Params, 256, true, H3_PAIRED)
-H3_GEMM_ENTRY(h3_mlp_fc1_wgmma_n224_pair, fc1, Fc1Params, 224, true, H3_PAIRED)
-H3_GEMM_ENTRY(h3_mlp_fc2_wgmma_n256_pair, fc2, Fc2Params, 256, true, H3_PAIRED)
-H3_GEMM_ENTRY(h3_mlp_fc2_wgmma_n224_pair, fc2, Fc2Params, 224, true, H3_PAIRED)
+// WIDTHS): 256, and 224 where 256-column tiles would leave much of the last wave idle.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma_n256(const __grid_constant__ Fc1Params p) {
+  fc1<256>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc1_wgmma_n224(const __grid_constant__ Fc1Params p) {
+  fc1<224>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma_n256(const __grid_constant__ Fc2Params p) {
+  fc2<256>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) h3_mlp_fc2_wgmma_n224(const __grid_constant__ Fc2Params p) {
+  fc2<224>(p);
+}
 
 // --- y quantization: one CTA per row, the row held in registers between its amax and its
 // quantization. The arithmetic is mlp_fp8.cu's produce_y_q's (mlp_fp8_common.cuh: max of the

@@ -18,11 +18,6 @@
 // done per slice as four 64 x BN / 4 quarters with two partials in turn: one quarter's additions
 // overlap the next quarter's wgmmas. At BN = 256, 64 registers of partials sit beside the 128
 // FP32 sums.
-//
-// PAIR (small M, where the L2-to-shared traffic binds): the CTAs run in clusters of two on
-// vertically adjacent tiles of the same columns; each loads its own A rows and half of the B
-// slice, multicast to both, so a pair reads B from L2 once. A stage of either CTA is then
-// written by both producers, so its empty barrier counts the consumer warps of both CTAs.
 #pragma once
 
 // The work split of a persistent GEMM (the launch layer's work_split() picks it).
@@ -105,32 +100,28 @@ __device__ __forceinline__ void wgmma_quarter(float (&d)[QN / 2], u64 desc_a, u6
 // keeps all P CTAs busy instead of its r < P. Each part's FP32 sums go to a slot of
 // split.partials; the last part of a tile to finish adds the slots in part order (the same bits
 // whichever finishes last) and runs the epilogue.
-template <int K, int BN, bool PAIR, class Epilogue>
+template <int K, int BN, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
                                            const SplitK& split, Epilogue epilogue) {
   static_assert(BN == 256 || BN == 224, "quarters of 64 or 56 columns (wgmma_quarter)");
   constexpr int QN = BN / 4, QR = QN / 2;  // a quarter's columns and its partial's registers
   constexpr int STAGE_BYTES = (BM + BN) * BK;  // a multiple of 1024, as the swizzle needs
-  constexpr int CTAS = PAIR ? 2 : 1;  // CTAs of a cluster, one m-tile each of a walk's tile
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   const int wg = threadIdx.x >> 7;
-  const u32 rank = PAIR ? cluster_rank() : 0;
-  // the walk is over groups of CTAS vertically adjacent tiles; a cluster's CTAs take one each
-  const int m_groups = ((M + BM - 1) / BM + CTAS - 1) / CTAS, tiles = m_groups * n_tiles;
-  const int first_unit = blockIdx.x / CTAS, unit_step = gridDim.x / CTAS;
+  const int m_tiles = (M + BM - 1) / BM, tiles = m_tiles * n_tiles;
+  const int first_unit = blockIdx.x, unit_step = gridDim.x;
   const int units = split.whole + (tiles - split.whole) * split.parts;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], CONSUMER_WARPS * CTAS);
+      mbar_init(&empty[s], CONSUMER_WARPS);
     }
     mbar_init_fence();
   }
   __syncthreads();
-  if constexpr (PAIR) cluster_sync();  // the peer's barriers exist before anything signals them
 
   if (wg == 0) {
     regs_dealloc<PRODUCER_REGS>();
@@ -141,101 +132,86 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
       for (int unit = first_unit; unit < units; unit += unit_step) {
         const WorkUnit w = work_unit(unit, split, K / BK);
         int m0, n0;
-        tile_origin(w.tile, m_groups, n_tiles, BN, m0, n0);
-        m0 = m0 * CTAS + rank * BM;
+        tile_origin(w.tile, m_tiles, n_tiles, BN, m0, n0);
 #pragma unroll 1
         for (int kb = w.kb_begin; kb < w.kb_end; ++kb) {
           mbar_wait(&empty[ring.index], ring.phase ^ 1);
+          mbar_arrive_expect_tx(&full[ring.index], STAGE_BYTES);
           const u32 dst = base + ring.index * STAGE_BYTES;
-          if constexpr (PAIR) {
-            // a tile wholly past M (the second of a pair, odd m-tiles) loads no A: its rows are
-            // never stored; its CTA still loads its half of B for the peer
-            mbar_arrive_expect_tx(&full[ring.index], m0 < M ? STAGE_BYTES : STAGE_BYTES - A_BYTES);
-            if (m0 < M) tma_load_2d(dst, map_a, kb * BK, m0, &full[ring.index]);
-            tma_load_2d_multicast(dst + A_BYTES + rank * (BN / 2) * BK, map_b, kb * BK, n0 + rank * (BN / 2),
-                                  &full[ring.index], (u16)3);
-          } else {
-            mbar_arrive_expect_tx(&full[ring.index], STAGE_BYTES);
-            tma_load_2d(dst, map_a, kb * BK, m0, &full[ring.index]);
-            tma_load_2d(dst + A_BYTES, map_b, kb * BK, n0, &full[ring.index]);
-          }
+          tma_load_2d(dst, map_a, kb * BK, m0, &full[ring.index]);
+          tma_load_2d(dst + A_BYTES, map_b, kb * BK, n0, &full[ring.index]);
           ring.advance();
         }
       }
     }
-  } else {
-    regs_alloc<CONSUMER_REGS>();
-    // warp-uniform as the compiler sees it (a shuffle from lane 0), so the descriptors below live in
-    // the uniform datapath instead of being moved there for every wgmma
-    const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
-    auto release = [&](int stage) {  // lane 0: this warp is done reading the stage (in each CTA)
-      mbar_arrive(&empty[stage]);
-      if constexpr (PAIR) mbar_arrive_remote(&empty[stage], rank ^ 1);
-    };
-    // the stage read next, and the oldest stage still read: released in ring order, one slice behind
-    PipelineState<STAGES> ring, held;
-    // Four 64 x QN quarters per slice, two partials in turn: a quarter's wgmmas run while the
-    // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
-    float part[2][QR];
+    return;
+  }
+
+  regs_alloc<CONSUMER_REGS>();
+  // warp-uniform as the compiler sees it (a shuffle from lane 0), so the descriptors below live in
+  // the uniform datapath instead of being moved there for every wgmma
+  const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
+  // the stage read next, and the oldest stage still read: released in ring order, one slice behind
+  PipelineState<STAGES> ring, held;
+  // Four 64 x QN quarters per slice, two partials in turn: a quarter's wgmmas run while the
+  // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
+  float part[2][QR];
 #pragma unroll
-    for (int i = 0; i < QR; ++i) part[0][i] = part[1][i] = 0.f;
-    for (int unit = first_unit; unit < units; unit += unit_step) {
-      const WorkUnit w = work_unit(unit, split, K / BK);
-      int m0, n0;
-      tile_origin(w.tile, m_groups, n_tiles, BN, m0, n0);
-      m0 = m0 * CTAS + rank * BM;
-      float acc[2][QN];
+  for (int i = 0; i < QR; ++i) part[0][i] = part[1][i] = 0.f;
+  for (int unit = first_unit; unit < units; unit += unit_step) {
+    const WorkUnit w = work_unit(unit, split, K / BK);
+    int m0, n0;
+    tile_origin(w.tile, m_tiles, n_tiles, BN, m0, n0);
+    float acc[2][QN];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int i = 0; i < QN; ++i) acc[h][i] = 0.f;
-      int kb = w.kb_begin;  // every unit has at least one slice
+      for (int i = 0; i < QN; ++i) acc[h][i] = 0.f;
+    int kb = w.kb_begin;  // every unit has at least one slice
 #pragma unroll 1
-      do {
-        mbar_wait(&full[ring.index], ring.phase);
-        // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
-        // QN rows of B: a multiple of the swizzle's 8 rows)
-        const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
-        const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
+    do {
+      mbar_wait(&full[ring.index], ring.phase);
+      // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
+      // QN rows of B: a multiple of the swizzle's 8 rows)
+      const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
+      const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          wgmma_fence();
+      for (int q = 0; q < 4; ++q) {
+        wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < BK / 32; ++k)
-            wgmma_quarter<QN>(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * QN * BK + 32 * k), k);
-          wgmma_commit();
-          wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
-          const int pq = (q + 3) & 3;  // its quarter
-          if (q > 0 || kb > w.kb_begin) {
-#pragma unroll
-            for (int i = 0; i < QR; ++i) {
-              fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
-              acc[pq >> 1][QR * (pq & 1) + i] += part[pq & 1][i];
-            }
-          }
-          // A stage is released only once the wait above covers its slice's last quarter: the
-          // previous slice's, at this slice's first quarter.
-          if (q == 0 && kb > w.kb_begin) {
-            if (lane == 0) release(held.index);
-            held.advance();
-          }
-        }
-        if (kb == w.kb_end - 1) {  // the unit's last quarter
-          wgmma_wait<0>();
+        for (int k = 0; k < BK / 32; ++k)
+          wgmma_quarter<QN>(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * QN * BK + 32 * k), k);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
+        const int pq = (q + 3) & 3;  // its quarter
+        if (q > 0 || kb > w.kb_begin) {
 #pragma unroll
           for (int i = 0; i < QR; ++i) {
-            fence_regs(part[1][i]);
-            acc[1][QR + i] += part[1][i];
+            fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
+            acc[pq >> 1][QR * (pq & 1) + i] += part[pq & 1][i];
           }
-          if (lane == 0) release(held.index);
+        }
+        // A stage is released only once the wait above covers its slice's last quarter: the
+        // previous slice's, at this slice's first quarter.
+        if (q == 0 && kb > w.kb_begin) {
+          if (lane == 0) mbar_arrive(&empty[held.index]);
           held.advance();
         }
-        ring.advance();
-      } while (++kb < w.kb_end);
-      // a split tile's parts but its last end here (combine_parts)
-      if (w.part < 0 || combine_parts(acc, split, w.part, (w.tile - split.whole) * CTAS + rank, consumer))
-        epilogue(acc, m0 + 64 * consumer, n0);
-    }
+      }
+      if (kb == w.kb_end - 1) {  // the unit's last quarter
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < QR; ++i) {
+          fence_regs(part[1][i]);
+          acc[1][QR + i] += part[1][i];
+        }
+        if (lane == 0) mbar_arrive(&empty[held.index]);
+        held.advance();
+      }
+      ring.advance();
+    } while (++kb < w.kb_end);
+    // a split tile's parts but its last end here (combine_parts)
+    if (w.part < 0 || combine_parts(acc, split, w.part, w.tile - split.whole, consumer))
+      epilogue(acc, m0 + 64 * consumer, n0);
   }
-  if constexpr (PAIR) cluster_sync();  // the peer may still write this CTA's stages and barriers
 }

@@ -35,11 +35,10 @@ def test_the_build_is_a_value():
     d = build.defines()
     assert d["H3_STAGES"] == 4 and d["H3_BK"] == hopper.BK and d["H3_HIDDEN"] == HIDDEN
     for width in hopper.WIDTHS:
-        for pair in (False, True):
-            fc1, fc2 = (hopper.gemm_kernel(stem, width, pair) for stem in (hopper.FC1, hopper.FC2))
-            assert fc1 in build.kernels and fc2 in build.kernels and fc1.endswith("_pair") == pair
-            assert build.dynamic_smem(fc1) == build.dynamic_smem(fc2) == 4 * (128 + width) * 128 + 1024
-            assert hopper.MlpBuild(stages=3).dynamic_smem(fc2) == 3 * (128 + width) * 128 + 1024
+        fc1, fc2 = (hopper.gemm_kernel(stem, width) for stem in (hopper.FC1, hopper.FC2))
+        assert fc1 in build.kernels and fc2 in build.kernels
+        assert build.dynamic_smem(fc1) == build.dynamic_smem(fc2) == 4 * (128 + width) * 128 + 1024
+        assert hopper.MlpBuild(stages=3).dynamic_smem(fc2) == 3 * (128 + width) * 128 + 1024
     assert build.dynamic_smem(hopper.QUANT) == 0 and hopper.WIDTHS == (256, 224)
     assert all(isinstance(build.kernel_params(k), launcher.ParamStruct) for k in build.kernels)
 
@@ -127,13 +126,13 @@ def test_plan_sizes_its_workspace_for_the_larger_gemm(sms):
     p = hopper.plan(0, 4096)
     assert p.split == ((132, 3564, 6), (132, 660, 11)) and p.width == (256, 256)
     assert p.counter_bytes == 256 and p.workspace_bytes == 256 + 12 * 11 * hopper.partial_bytes(256)  # FC2's 12 x 11
-    ctas, width, pair, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
-    assert (ctas, width, pair, held) == (132, 256, False, None)
+    ctas, width, fields, held = hopper.walk(FakeCall(), 4096, 1, 1 << 20)
+    assert (ctas, width, held) == (132, 256, None)
     assert fields == (660, 11, (1 << 20) + 256, 1 << 20)  # split_whole, split_parts, partials, counters
     full = hopper.plan(0, 132 * hopper.BM)  # both GEMMs' waves full: no split, no workspace
     assert full.workspace_bytes == 0 and full.split == ((132, 132 * 112, 1), (132, 132 * 21, 1))
     call = FakeCall()
-    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, 256, False, (132 * 21, 1, 0, 0), None)
+    assert hopper.walk(call, 132 * hopper.BM, 1, None) == (132, 256, (132 * 21, 1, 0, 0), None)
     assert call.done == []
     p = hopper.plan(0, 2176)  # FC2 in 224-column tiles, split: partials of that width
     assert p.width == (256, 224) and p.split[1] == (132, 396, 11)
@@ -167,30 +166,11 @@ def test_a_build_may_force_both_gemms_tile_width(sms):
     # needs less)
     for width, gemm in ((0, 0), (0, 1), (224, 0), (224, 1)):
         p, call = hopper.plan(0, 2176, width), FakeCall()
-        ctas, tile, _, fields, held = hopper.walk(call, 2176, gemm, None, width)
+        ctas, tile, fields, held = hopper.walk(call, 2176, gemm, None, width)
         assert tile == p.width[gemm] and fields[1] == p.split[gemm][2] > 1 and held is not None
         assert call.done[0][1] == (p.workspace_bytes,) and call.done[1] == ("zero", p.counter_bytes)
         assert fields[2] == FakeCall.Array().data_ptr() + p.counter_bytes
     assert hopper.plan(0, 2176, 256).workspace_bytes < hopper.plan(0, 2176).workspace_bytes
-
-
-@pytest.mark.parametrize("m,pair", [(1, False), (128, False), (129, True), (256, True), (512, True), (513, False),
-                                    (4096, False)])
-def test_small_m_runs_in_cta_pairs(sms, m, pair):
-    """Between one m-tile and PAIR_ROWS rows both GEMMs run in CTA pairs: the walk's tiles are
-    pairs of m-tiles, its slots the SMs' pairs, a grid of whole pairs, and a split pair keeps a
-    slot of sums per CTA; a build's pair_rows moves the bound (0: never)."""
-    sms(132)
-    p = hopper.plan(0, m)
-    assert p.pair == pair and all(ctas % 2 == 0 for ctas, _, _ in p.split) if pair else not p.pair
-    assert not hopper.plan(0, m, 0, 0).pair
-    if m == 256:  # FC1: 128 pairs of 224-column tiles on 66 pairs of SMs; FC2: 21 pairs in 3 parts
-        assert p.width == (224, 256) and p.split == ((132, 128, 1), (126, 0, 3))
-        assert p.counter_bytes == 512 and p.workspace_bytes == 512 + 2 * 21 * 3 * hopper.partial_bytes(256)
-        call = FakeCall()
-        ctas, width, on, fields, held = hopper.walk(call, 256, 1, None)
-        assert (ctas, width, on, fields[:2]) == (126, 256, True, (0, 3)) and held is not None
-        assert hopper.walk(call, 256, 1, None, 0, 0)[:3] == (126, 256, False)  # alone: 6 parts of 42 tiles
 
 
 def test_a_grid_is_never_more_than_its_work_units(sms):
@@ -202,9 +182,8 @@ def test_a_grid_is_never_more_than_its_work_units(sms):
 def test_a_launch_without_a_workspace_zeroes_one_of_its_own(sms):
     sms(132)
     call = FakeCall()
-    ctas, width, pair, fields, held = hopper.walk(call, 1, 1, None)
+    ctas, width, fields, held = hopper.walk(call, 1, 1, None)
     p = hopper.plan(0, 1)
-    assert not pair and not p.pair  # one m-tile: no pairs
     whole, parts, partials, counters = fields
     assert (ctas, width, whole, parts) == (126, 256, 0, 6) and held is not None
     assert call.done == [("empty", (p.workspace_bytes,), "float8_e4m3fn"), ("zero", p.counter_bytes)]
@@ -269,8 +248,8 @@ def test_repeated_launch_values_are_one_struct_packed_once(monkeypatch):
     packs a struct it packed last time no more."""
     monkeypatch.setattr(hopper, "tensor_map", lambda *args: bytes(128))
     hopper.fc1_values.cache_clear()
-    a = hopper.fc1_values(3000, 256, False, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0)
-    assert hopper.fc1_values(3000, 256, False, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0) is a
+    a = hopper.fc1_values(3000, 256, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0)
+    assert hopper.fc1_values(3000, 256, 0x10, 0x20, 0x30, 0x40, 0x50, 1, 1, 0, 0) is a
 
     class Fn:
         ptr = 1
@@ -315,10 +294,9 @@ def test_form_3_needs_sm90a(monkeypatch, arch):
 
 
 @pytest.mark.gpu
-# on 132 SMs: FC1 in 224-column tiles at 1 and 129, FC2 split 6 and 3 ways there; CTA pairs at 129, 300 (the
-# second pair's second tile wholly past M) and 512; FC1 split 2 ways at 3000 and 2176, FC2 at 2176 in 224-column
-# tiles split 11 ways
-@pytest.mark.parametrize("m", [1, 129, 300, 512, 2176, 3000])
+# on 132 SMs: FC1 in 224-column tiles at 1 and 129, FC2 split 6 and 3 ways there; FC1 split 2 ways at 3000 and
+# 2176, FC2 at 2176 in 224-column tiles split 11 ways
+@pytest.mark.parametrize("m", [1, 129, 2176, 3000])
 def test_form_3_against_the_reference_and_form_0(m, require_mlp_form):
     require_mlp_form(3)
     import torch

@@ -32,17 +32,14 @@ GEMM_THREADS = 384  # a producer warpgroup and two consumer warpgroups
 # multiples of both.
 WIDTHS = (256, 224)
 NARROWER_GAIN = 0.95  # a narrower width must shorten the estimated makespan at least this much
-# At small M the GEMMs run in CTA pairs (clusters of two on vertically adjacent tiles, B loaded
-# once a pair by TMA multicast): there the L2-to-shared traffic, B once per m-tile, binds.
-PAIR_ROWS = 512  # M up to which both GEMMs run in pairs
 
 
-def gemm_kernel(stem, width, pair=False):
-    """The entry of GEMM `stem` (FC1 or FC2) at tile width `width`, alone or in CTA pairs."""
-    return f"{stem}_n{width}" + ("_pair" if pair else "")
+def gemm_kernel(stem, width):
+    """The entry of GEMM `stem` (FC1 or FC2) at tile width `width`."""
+    return f"{stem}_n{width}"
 
 
-_GEMMS = {gemm_kernel(stem, w, pair): (stem, w, pair) for pair in (False, True) for stem in (FC1, FC2) for w in WIDTHS}
+_GEMMS = {gemm_kernel(stem, w): (stem, w) for stem in (FC1, FC2) for w in WIDTHS}
 
 # The kernels' one parameter each, mirroring the structs of cuda_src/mlp_fp8_sm90a.cu: the
 # positional parameters they replaced, in that order, so every field kept its offset.
@@ -56,7 +53,7 @@ _PARAMS = {
                                    *_SPLIT)),
     QUANT: ParamStruct("QuantParams", (("y", "u64"), ("y_q", "u64"), ("y_scale", "u64"))),
 }
-_PARAMS.update({name: _PARAMS[stem] for name, (stem, *_) in _GEMMS.items()})
+_PARAMS.update({name: _PARAMS[stem] for name, (stem, _) in _GEMMS.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +73,6 @@ class MlpBuild:
     quant_threads: int = 256  # y quantization: threads per row (7 16-byte vectors each)
     # both GEMMs' tile width, one of WIDTHS, for measurements; 0 (shipped): the plan's per GEMM and M
     tile_width: int = 0
-    pair_rows: int = PAIR_ROWS  # M up to which the GEMMs run in CTA pairs (0: never)
 
     kernels: ClassVar[tuple] = (*_GEMMS, QUANT)
 
@@ -167,62 +163,56 @@ class Plan(NamedTuple):
     counter_bytes: int  # the head of the workspace, zero before a launch that splits
     workspace_bytes: int  # counters and partial sums, shared by the two GEMMs; 0: neither splits
     width: tuple  # per GEMM: its tile width (tile_width)
-    pair: bool  # both GEMMs in CTA pairs: a walk's tile and its slots are then a pair's
 
 
-def plan(device_id, m, width=0, pair_rows=PAIR_ROWS):
+def plan(device_id, m, width=0):
     """The Plan of the two GEMMs at M rows on a device (work_split per GEMM); width: both GEMMs'
-    tile width (0: tile_width's choice for each); pairs where M <= pair_rows."""
-    return plan_for(m, sm_count(device_id), width, pair_rows)
+    tile width (0: tile_width's choice for each)."""
+    return plan_for(m, sm_count(device_id), width)
 
 
 @functools.lru_cache(maxsize=64)
-def plan_for(m, slots, width=0, pair_rows=PAIR_ROWS):
-    """plan() with `slots` CTAs resident, one per SM (cached per M, as the scratch layouts are).
-    In pairs the walk's tiles are pairs of vertically adjacent tiles and its slots clusters; a
-    split pair keeps a slot of sums per CTA."""
+def plan_for(m, slots, width=0):
+    """plan() with `slots` CTAs resident, one per SM (cached per M, as the scratch layouts are)."""
     if width not in (0, *WIDTHS):
         raise ValueError(f"tile width: got {width}, need one of {WIDTHS} (or 0: the plan's)")
-    pair = BM < m <= pair_rows  # one m-tile: a pair would leave its second CTA idle
-    ctas = 2 if pair else 1
-    rows, slots = -(-m // (BM * ctas)) * BM, slots // ctas  # in the walk's tiles and slots
     split, widths, counters, partials = [], [], 0, 0
     for n, k in ((FC1_OUT, HIDDEN), (HIDDEN, FFN)):
-        w = width or tile_width(rows, n, k // BK, slots)
-        tiles = rows // BM * (n // w)
+        w = width or tile_width(m, n, k // BK, slots)
+        tiles = -(-m // BM) * (n // w)
         whole, parts = work_split(tiles, slots, k // BK)
         units = whole + (tiles - whole) * parts
-        split.append((min(units, slots) * ctas, whole, parts))
+        split.append((min(units, slots), whole, parts))
         widths.append(w)
         if parts > 1:
-            counters = max(counters, 2 * ctas * (tiles - whole) * COUNTER_BYTES)
-            partials = max(partials, ctas * (tiles - whole) * parts * partial_bytes(w))
+            counters = max(counters, 2 * (tiles - whole) * COUNTER_BYTES)
+            partials = max(partials, (tiles - whole) * parts * partial_bytes(w))
     counters = -(-counters // ALIGN) * ALIGN
-    return Plan(tuple(split), counters, counters + partials if partials else 0, tuple(widths), pair)
+    return Plan(tuple(split), counters, counters + partials if partials else 0, tuple(widths))
 
 
-def walk(call, m, gemm, split, width=0, pair_rows=PAIR_ROWS):
-    """(CTAs, tile width, pairs, the GEMM's SplitK fields (split_whole, split_parts, partials,
+def walk(call, m, gemm, split, width=0):
+    """(CTAs, tile width, the GEMM's SplitK fields (split_whole, split_parts, partials,
     counters), an array to hold until the launch is queued) of FC1 (gemm 0) or FC2 (1). split:
     the workspace (an address, its counters zero), or None: the launch zeroes one of its own on
-    the call's stream. width, pair_rows: as plan()'s."""
-    p = plan(call.device_id, m, width, pair_rows)
+    the call's stream. width: as plan()'s."""
+    p = plan(call.device_id, m, width)
     ctas, whole, parts = p.split[gemm]
     if parts == 1:
-        return ctas, p.width[gemm], p.pair, (whole, 1, 0, 0), None
+        return ctas, p.width[gemm], (whole, 1, 0, 0), None
     held = None
     if split is None:
-        held = workspace(call, m, width, pair_rows)  # the same plan's
+        held = workspace(call, m, width)  # the same plan's
         split = data_ptr(held)
-    return ctas, p.width[gemm], p.pair, (whole, parts, split + p.counter_bytes, split), held
+    return ctas, p.width[gemm], (whole, parts, split + p.counter_bytes, split), held
 
 
-def workspace(call, m, width=0, pair_rows=PAIR_ROWS):
+def workspace(call, m, width=0):
     """A split workspace for launches at M rows (plan().workspace_bytes, its counters zeroed on
     the call's stream, which every launch leaves zeroed), or None where neither GEMM splits: a
     bench makes one and passes its address to its launches instead of each launch making its own
-    (a LaunchRecord's replay needs it to stay alive). width, pair_rows: as plan()'s."""
-    p = plan(call.device_id, m, width, pair_rows)
+    (a LaunchRecord's replay needs it to stay alive). width: as plan()'s."""
+    p = plan(call.device_id, m, width)
     if not p.workspace_bytes:
         return None
     held = call.empty((p.workspace_bytes,), arrays.E4M3)
@@ -234,10 +224,8 @@ def workspace(call, m, width=0, pair_rows=PAIR_ROWS):
 # them (the usual case: the same buffers every step) reuses the one struct, whose image the
 # launcher then keeps instead of packing it again.
 @functools.lru_cache(maxsize=256)
-def fc1_values(m, width, pair, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
-    """(In pairs each CTA loads half of B's rows: the map's box is that half.)"""
-    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK),
-                        map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, width // 2 if pair else width, BK),
+def fc1_values(m, width, a_q, a_scale, w1_q, w1_scale, y, split_whole, split_parts, partials, counters):
+    return _PARAMS[FC1](map_a=tensor_map(a_q, m, HIDDEN, BM, BK), map_w1=tensor_map(w1_q, FC1_OUT, HIDDEN, width, BK),
                         a_scale=a_scale, w1_scale=w1_scale, y=y, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
 
@@ -248,10 +236,9 @@ def quant_values(y, y_q, y_scale):
 
 
 @functools.lru_cache(maxsize=256)
-def fc2_values(m, width, pair, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual,
-               out, split_whole, split_parts, partials, counters):
-    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK),
-                        map_w2=tensor_map(w2_q, HIDDEN, FFN, width // 2 if pair else width, BK),
+def fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, gate, gate_stride, gate_rows, adaln_index, residual, out,
+               split_whole, split_parts, partials, counters):
+    return _PARAMS[FC2](map_y_q=tensor_map(y_q, m, FFN, BM, BK), map_w2=tensor_map(w2_q, HIDDEN, FFN, width, BK),
                         y_scale=y_scale, w2_scale=w2_scale, gate=gate, gate_stride=gate_stride, gate_rows=gate_rows,
                         adaln_index=adaln_index, residual=residual, out=out, M=m, split_whole=split_whole,
                         split_parts=split_parts, partials=partials, counters=counters)
@@ -261,10 +248,10 @@ def launch_fc1(call, m, a_q, a_scale, w1_q, w1_scale, y, split=None, build=SHIPP
     """y <- SwiGLU(FC1(a_q)) on the call's stream (a persistent grid: one CTA per SM at most),
     in the tile width plan() picks (or the build's), the last wave's tiles split over K as it says. Arguments are
     addresses; split as in walk(). Returns the LaunchRecord."""
-    ctas, width, pair, split_fields, _held = walk(call, m, 0, split, build.tile_width, build.pair_rows)
-    fc1 = kernel(call.device_id, gemm_kernel(FC1, width, pair), build)
+    ctas, width, split_fields, _held = walk(call, m, 0, split, build.tile_width)
+    fc1 = kernel(call.device_id, gemm_kernel(FC1, width), build)
     return fc1.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
-                      fc1_values(m, width, pair, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
+                      fc1_values(m, width, a_q, a_scale, w1_q, w1_scale, y, *split_fields))
 
 
 def launch_y_quant(call, m, y, y_q, y_scale, build=SHIPPED):
@@ -279,10 +266,10 @@ def launch_fc2_gemm(call, m, y_q, y_scale, w2_q, w2_scale, gate, adaln_index, re
     """out <- residual + gate * FC2(y_q) on the call's stream. gate is the table (its row stride
     and rows are parameters); split as in walk(); the rest are addresses. Returns the
     LaunchRecord."""
-    ctas, width, pair, split_fields, _held = walk(call, m, 1, split, build.tile_width, build.pair_rows)
-    fc2 = kernel(call.device_id, gemm_kernel(FC2, width, pair), build)
+    ctas, width, split_fields, _held = walk(call, m, 1, split, build.tile_width)
+    fc2 = kernel(call.device_id, gemm_kernel(FC2, width), build)
     return fc2.launch(call.stream_ptr, (ctas, 1), GEMM_THREADS,
-                      fc2_values(m, width, pair, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
+                      fc2_values(m, width, y_q, y_scale, w2_q, w2_scale, data_ptr(gate), strides_elems(gate)[0],
                                  gate.shape[0], adaln_index, residual, out, *split_fields))
 
 

@@ -198,7 +198,7 @@ def mlp_gemms_alone(x, x_norm_weight, adaln_scale, adaln_shift, adaln_index, gat
     m = x.shape[0]
     call = arrays.Call(dict(x=x))
     build = build or hopper.SHIPPED
-    split = hopper.workspace(call, m, build.tile_width, build.pair_rows)
+    split = hopper.workspace(call, m, build.tile_width)
     split_ptr = None if split is None else data_ptr(split)
     ws = {k: data_ptr(v) for k, v in workspaces.items()}
     out = residual.new_empty(residual.shape)
