@@ -40,10 +40,8 @@ def test_pack_format_aligns_each_parameter():
 
 @pytest.fixture
 def fake_kernels(monkeypatch):
-    """numba_ptx.kernel -> the kernel's name: the launches' argument lists without a GPU (on a
-    device of 132 SMs)."""
+    """numba_ptx.kernel -> the kernel's name: the launches' argument lists without a GPU."""
     monkeypatch.setattr(numba_ptx, "kernel", lambda name, device_id: name)
-    monkeypatch.setattr(targets, "sm_count", lambda device_id: 132)
 
 
 def test_row_values_fill_the_row_kernels_parameters(fake_kernels):

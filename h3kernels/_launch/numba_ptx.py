@@ -34,9 +34,9 @@ SIGNATURES = {
                                                                  ("float32", 3))),
     "k_quant_given_kernel": ("varlen_attention_fp8_quant", 6, (_U64_1, _F32_1, _I64_2, _U32_1, _F32_1, "uint64")),
     "k_segment_kernel": ("varlen_attention_fp8_quant", 7, (_U64_1, ("int32", 1, "A"), ("int32", 1), _F32_1, _U32_1,
-                                                          _F32_1, "uint64", "uint64")),
+                                                          _F32_1, "uint64")),
     "v_segment_kernel": ("varlen_attention_fp8_quant", 8, (_U64_1, ("int32", 1, "A"), ("int32", 1), _F32_1, _U32_1,
-                                                          "uint64", "uint64", "uint64")),
+                                                          "uint64", "uint64")),
 }
 # (threads per CTA, CTAs per SM) for ptxas (.maxntid, .minnctapersm): a register cap that fits
 # that many CTAs. The passes are bound by loads in flight per SM; each cap was checked to leave at

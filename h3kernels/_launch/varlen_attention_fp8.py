@@ -122,11 +122,9 @@ def quant_launches(device_id, tokens, heads, segments, n, q, k, v, cu, cu_stride
     blocks (int64 [n, 3]) as addresses; the workspace at `base` (layout()). one_read: every
     segment has at most SEGMENT_KEYS keys (plan.one_read), so the K and V passes read them once;
     with_q False: no Q pass (the Hopper kernel quantizes Q itself, runs_q_pass)."""
-    # the one-read passes prefetch the keys of the CTA as many CTAs ahead as run at once
-    ahead = targets.sm_count(device_id) * numba_ptx.LAUNCH_BOUNDS["k_segment_kernel"][1] if one_read else 0
     return [(name, numba_ptx.kernel(name, device_id), grid, threads, values) for name, grid, threads, values in
             _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read,
-                          with_q, ahead)]
+                          with_q)]
 
 
 def runs_q_pass(build):
@@ -137,7 +135,7 @@ def runs_q_pass(build):
 
 @functools.lru_cache(maxsize=64)
 def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offset, blocks, base, one_read=False,
-                  with_q=True, ahead=0):
+                  with_q=True):
     """quant_launches without the kernels: ((name, grid, threads, values), ...). Every value is a
     function of these ints alone, so a call that repeats them (the same arrays, plan and
     workspace: the usual steady state) reuses the tuples instead of building them again."""
@@ -149,7 +147,7 @@ def _quant_values(tokens, heads, segments, n, q, k, v, cu, cu_stride, block_offs
     if one_read:
         if segments and tokens:
             _one_read_passes(add, tokens, heads, segments, n, k, v, _cu_values(segments, cu, cu_stride), block_offset,
-                             base + o_mu, base + o_k8, base + o_sk, base + o_sv, base + o_v8t, ahead)
+                             base + o_mu, base + o_k8, base + o_sk, base + o_sv, base + o_v8t)
         return tuple(out)
     _kv_block_pass(add, tokens, heads, n, k, v, blocks, base + o_part)
     if segments and tokens:
@@ -167,18 +165,17 @@ def _cu_values(segments, cu, cu_stride):
     return 0, 0, segments + 1, 4, cu, segments + 1, 4 * cu_stride
 
 
-def _one_read_passes(add, tokens, heads, segments, n, k, v, cu_values, block_offset, mu, k8, s_k, s_v, v8t, ahead):
+def _one_read_passes(add, tokens, heads, segments, n, k, v, cu_values, block_offset, mu, k8, s_k, s_v, v8t):
     """The K and V passes in one read (segments of at most SEGMENT_KEYS keys): a CTA per (segment,
-    head) of each, into mu, k8, s_k and s_v, v8t (addresses) of the workspace; each CTA prefetches
-    the keys of the CTA `ahead` launches later."""
+    head) of each, into mu, k8, s_k and s_v, v8t (addresses) of the workspace."""
     vec, words, plane = numba_ptx.vector, tokens * heads * 32, heads * HEAD_DIM
     block_offsets = vec(block_offset, segments + 1, 4)
     add("k_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
         (*vec(k, words, 8), *cu_values, *block_offsets, *vec(mu, segments * plane, 4), *vec(k8, words, 4),
-         *vec(s_k, n * heads, 4), heads, ahead))
+         *vec(s_k, n * heads, 4), heads))
     add("v_segment_kernel", (segments, heads), G.SEGMENT_THREADS,
         (*vec(v, words, 8), *cu_values, *block_offsets, *vec(s_v, segments * plane, 4),
-         *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n, ahead))
+         *vec(v8t, heads * HEAD_DIM * n * K_BLOCK // 4, 4), heads, n))
 
 
 def _kv_block_pass(add, tokens, heads, n, k, v, blocks, partials):

@@ -126,11 +126,7 @@ def max_nan(a, b):
     return a if a >= b else b
 
 
-def prefetch_l2(a, i):
-    """Element i of array a into L2 (the GPU's prefetch.L2; nothing in the simulator)."""
-
-
-host = SimpleNamespace(prefetch_l2=prefetch_l2, max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
+host = SimpleNamespace(max_nan=max_nan, f32_from_bf16=f32_from_bf16, bf16_from_f32=bf16_from_f32,
                        bf16x2_from_f32=bf16x2_from_f32, f32_from_bf16_lo=f32_from_bf16_lo, f32_from_bf16_hi=f32_from_bf16_hi,
                        quad_word=quad_word, e4m3_from_f32=e4m3_from_f32, e4m3x2_from_f32=e4m3x2_from_f32,
                        div_rn=div_rn, sqrt_rn=sqrt_rn, fma_rn=fma_rn)
@@ -204,26 +200,8 @@ def primitives():
 def _gpu_primitives():
     from llvmlite import ir
     from numba import cuda, int32, types, uint32, uint64
-    from numba.core import cgutils
     from numba.cuda import libdevice
     from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _prefetch_l2(typingctx, ary, i):
-        def codegen(context, builder, sig, args):
-            aryty = sig.args[0]
-            arr = context.make_array(aryty)(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, aryty, arr, [args[1]])
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)])
-            builder.call(ir.InlineAsm(fnty, "prefetch.L2 [$0];", "l", side_effect=True),
-                         [builder.ptrtoint(ptr, ir.IntType(64))])
-            return context.get_dummy_value()
-
-        return types.void(ary, types.uint64), codegen
-
-    @cuda.jit(device=True)
-    def g_prefetch_l2(a, i):
-        _prefetch_l2(a, uint64(i))
 
     @intrinsic
     def _cvt_bf16(typingctx, f):
@@ -306,7 +284,7 @@ def _gpu_primitives():
     def g_fma_rn(x, y, z):
         return libdevice.fmaf(x, y, z)
 
-    return SimpleNamespace(prefetch_l2=g_prefetch_l2, max_nan=g_max_nan, f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
+    return SimpleNamespace(max_nan=g_max_nan, f32_from_bf16=g_f32_from_bf16, bf16_from_f32=g_bf16_from_f32,
                            bf16x2_from_f32=g_bf16x2_from_f32, f32_from_bf16_lo=g_f32_from_bf16_lo,
                            f32_from_bf16_hi=g_f32_from_bf16_hi, quad_word=g_quad_word,
                            e4m3_from_f32=g_e4m3_from_f32, e4m3x2_from_f32=g_e4m3x2_from_f32,

@@ -59,7 +59,6 @@ def _build():
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
     mx = p.max_nan  # amaxes keep a NaN (its scale turns NaN, as the reference's), where max() drops it
     lo, hi, word = p.f32_from_bf16_lo, p.f32_from_bf16_hi, p.quad_word
-    prefetch_l2 = p.prefetch_l2
     # Q and V divide bf16 values by their own amax / 448: Q tests the range once per row, V once
     # per lane for its four channels (the rare lane outside it tests every quotient); K divides
     # FP32 values (the centred keys), whose range is narrower, once per block
@@ -439,23 +438,8 @@ def _build():
         load_keys(src, quads, at, step, first, stride, keys)
         return b, tb, first, stride, count, keys, at, step
 
-    @device_function
-    def prefetch_ahead(src, cu, seg, h, heads, t, ahead):
-        """Into L2, the keys of the CTA launched `ahead` after this one (a segment kernel's grid is
-        (segments, heads), segments fastest), one 128-byte line (half a key's row) a thread: `ahead`
-        is the CTAs resident at once, so that CTA's loads find L2 instead of waiting on DRAM while
-        this wave computes."""
-        segments = uint64(cu.shape[0] - 1)
-        j = seg + h * segments + ahead
-        if j < segments * heads:
-            s2, h2 = j % segments, j // segments
-            a, e = uint64(cu[s2]), uint64(cu[s2 + uint64(1)])
-            key = t // uint64(2)
-            if e > a and key < e - a:
-                prefetch_l2(src, ((a + key) * heads + h2) * uint64(32) + uint64(16) * (t % uint64(2)))
-
     @cuda.jit
-    def k_segment_kernel(k, cu, block_offset, mu, k8, s_k, heads, ahead):
+    def k_segment_kernel(k, cu, block_offset, mu, k8, s_k, heads):
         """The K passes of a segment of at most SEGMENT_BLOCKS (2) key blocks in one read: CTA
         (segment, head) of SEGMENT_THREADS threads, each half a K quantizer CTA of one block (its
         keys in registers, warp w the run 16 w .. 16 w + 15); mu: f32 [segments * heads * 128];
@@ -464,7 +448,6 @@ def _build():
         onto the sums the one before left in shared memory), the block sums added in block order,
         over L."""
         seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
-        prefetch_ahead(k, cu, seg, h, heads, t, ahead)
         run = cuda.shared.array((SEGMENT_BLOCKS, HEAD_DIM), float32)
         means = cuda.shared.array(HEAD_DIM, float32)
         red = cuda.shared.array((SEGMENT_BLOCKS, RED_SIZE), float32)
@@ -512,13 +495,12 @@ def _build():
             s_k[(uint64(block_offset[seg]) + b) * heads + h] = s
 
     @cuda.jit
-    def v_segment_kernel(v, cu, block_offset, s_v, v8t, heads, n, ahead):
+    def v_segment_kernel(v, cu, block_offset, s_v, v8t, heads, n):
         """The V passes of a segment of at most SEGMENT_BLOCKS (2) key blocks in one read: CTA
         (segment, head) of SEGMENT_THREADS threads, each half a V quantizer CTA of one block (its
         keys in registers); s_v: f32 [segments * heads * 128]; v8t as v_quant_kernel's (n key
         blocks)."""
         seg, h, t = uint64(cuda.blockIdx.x), uint64(cuda.blockIdx.y), uint64(cuda.threadIdx.x)
-        prefetch_ahead(v, cu, seg, h, heads, t, ahead)
         tile = cuda.shared.array((SEGMENT_BLOCKS, K_BLOCK, TILE_WORDS), uint32)
         warp_max = cuda.shared.array((SEGMENT_WARPS, HEAD_DIM), float32)
         scale = cuda.shared.array(HEAD_DIM, float32)
@@ -660,11 +642,10 @@ def passes(q, k, v, cu, blocks, block_offset, q8, s_q, mu, k8, s_k, v8t, s_v, pa
         out.add("q_kernel", -(-rows // Q_ROWS_PER_CTA), Q_THREADS, _quads(q), _words(q8), _flat(s_q), np.uint64(rows))
     if one_read:
         if segments and tokens:
-            ahead = np.uint64(segments * heads // 2)  # the simulator runs no prefetch: any value
             out.add("k_segment_kernel", (segments, heads), SEGMENT_THREADS, _quads(k), cu, block_offset, _flat(mu),
-                    _words(k8), _flat(s_k), np.uint64(heads), ahead)
+                    _words(k8), _flat(s_k), np.uint64(heads))
             out.add("v_segment_kernel", (segments, heads), SEGMENT_THREADS, _quads(v), cu, block_offset, _flat(s_v),
-                    _words(v8t), np.uint64(heads), np.uint64(blocks.shape[0]), ahead)
+                    _words(v8t), np.uint64(heads), np.uint64(blocks.shape[0]))
         return list(out)
     out.kv_block(k, v, blocks, partials)
     if segments and tokens:
