@@ -156,11 +156,12 @@ def make_quotient(fma_rn, div_rn, min_scale=MIN_FAST_SCALE):
     - bf16 a (min_scale MIN_FAST_SCALE): code by code for every bf16 a with |a| <= amax and every
       bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE (`python tests/test_fp8_bits.py`, all
       1.04e9 pairs; the tests a sample). Below it the remainder can be subnormal.
-    - any FP32 a (min_scale MIN_FAST_SCALE_FP32): the corrected quotient is RN(a / s) itself for
-      every FP32 s and every a whose quotient lies within 6 ulps of an e4m3 rounding boundary,
-      the only quotients where an ulp can change the code (`python tests/test_fp8_bits.py fp32`,
-      all 2^23 mantissas of s; the tests a sample). From 2^-90 on, every rounding that can reach
-      a nonzero code is of normal numbers, so the check at one exponent holds at all.
+    - any FP32 a (min_scale MIN_FAST_SCALE_FP32): the corrected quotient is within an ulp of
+      RN(a / s) always, and RN(a / s) itself for every FP32 s and every a within 6 ulps of s
+      times an e4m3 rounding boundary, the only quotients where an ulp can change the code
+      (`python tests/test_fp8_bits.py fp32`, all 2^23 mantissas of s; the tests a sample). From
+      2^-90 on, every rounding that can reach a nonzero code is of normal numbers, so the check
+      at one exponent holds at all.
     An infinite s (an Inf among the values) has inv = 0, which turns a / inf = 0 into NaN: out of
     range too. An exact product keeps its own sign: the correction would turn a = -0 into +0.
     quotient_or_div(a, s, inv) divides outside the range; kernels whose scale is fixed for a
