@@ -93,11 +93,17 @@ def test_gpu_infinite_scales(seed):
     check_infinite_scales(seed)
 
 
-def passes_on(heads, seed, edit):
-    """(q, k, v, cu, the passes' outputs) on two segments [5, 65] of random q, k, v with
-    `edit(q, k, v)` applied (in place, to the bf16 tensors)."""
+def edited_inputs(heads, seed, edit):
+    """(q, k, v, cu): two segments [5, 65] of random q, k, v with `edit(q, k, v)` applied (in
+    place, to the bf16 tensors)."""
     q, k, v, _, cu = make_attention_inputs([5, 65], heads, device="cpu", seed=seed)
     edit(q, k, v)
+    return q, k, v, cu
+
+
+def passes_on(heads, seed, edit):
+    """(q, k, v, cu, the passes' outputs) on edited_inputs."""
+    q, k, v, cu = edited_inputs(heads, seed, edit)
     return q, k, v, cu, numba_check.attention_passes(q, k, v, cu)
 
 
@@ -131,7 +137,7 @@ def check_tiny_key_scales(seed):
         k[:5] *= 1e-26
         k[5:] *= 1e-24
 
-    q, k, v, cu, _ = passes_on(2, seed, edit)
+    q, k, v, cu = edited_inputs(2, seed, edit)
     for one_read in (True, False):  # the one-read K pass and k_quant_kernel
         out = numba_check.attention_passes(q, k, v, cu, one_read)
         s_k = out["s_k"]

@@ -147,16 +147,29 @@ def device_function(fn):
     return fn if config.ENABLE_CUDASIM else cuda.jit(device=True)(fn)
 
 
-def make_quotient(fma_rn, div_rn, min_scale=MIN_FAST_SCALE):
+def make_range(min_scale):
+    """in_range(s), a Numba device function: s from min_scale up and finite, where quotient()
+    gives the division's codes (make_quotient: MIN_FAST_SCALE for bf16 values,
+    MIN_FAST_SCALE_FP32 for FP32 ones)."""
+    from numba import float32
+
+    @device_function
+    def in_range(s):
+        return s >= float32(min_scale) and s < float32(math.inf)
+
+    return in_range
+
+
+def make_quotient(fma_rn, div_rn):
     """Numba device functions (quotient, quotient_or_div, in_range) for e4m3(RN(a / s)).
 
     quotient(a, s, inv), given inv = RN(1 / s), has the e4m3 code of RN(a / s) without a
     division: a * inv is within about an ulp, and one correction by the exact remainder (two
-    FMAs, Markstein) rounds it. in_range(s) holds where that is checked:
-    - bf16 a (min_scale MIN_FAST_SCALE): code by code for every bf16 a with |a| <= amax and every
+    FMAs, Markstein) rounds it. It is checked from a scale on (make_range):
+    - bf16 a (MIN_FAST_SCALE, in_range's): code by code for every bf16 a with |a| <= amax and every
       bf16 amax with s = RN(amax / 448) >= MIN_FAST_SCALE (`python tests/test_fp8_bits.py`, all
       1.04e9 pairs; the tests a sample). Below it the remainder can be subnormal.
-    - any FP32 a (min_scale MIN_FAST_SCALE_FP32): the corrected quotient is within an ulp of
+    - any FP32 a (MIN_FAST_SCALE_FP32): the corrected quotient is within an ulp of
       RN(a / s) always, and RN(a / s) itself for every FP32 s and every a within 6 ulps of s
       times an e4m3 rounding boundary, the only quotients where an ulp can change the code
       (`python tests/test_fp8_bits.py fp32`, all 2^23 mantissas of s; the tests a sample). From
@@ -164,13 +177,11 @@ def make_quotient(fma_rn, div_rn, min_scale=MIN_FAST_SCALE):
       at one exponent holds at all.
     An infinite s (an Inf among the values) has inv = 0, which turns a / inf = 0 into NaN: out of
     range too. An exact product keeps its own sign: the correction would turn a = -0 into +0.
-    quotient_or_div(a, s, inv) divides outside the range; kernels whose scale is fixed for a
-    whole loop test in_range once and call quotient in the loop."""
+    quotient_or_div(a, s, inv) divides outside in_range; kernels whose scale is fixed for a
+    whole loop test the range once and call quotient in the loop."""
     from numba import float32
 
-    @device_function
-    def in_range(s):
-        return s >= float32(min_scale) and s < float32(math.inf)
+    in_range = make_range(MIN_FAST_SCALE)
 
     @device_function
     def quotient(a, s, inv):

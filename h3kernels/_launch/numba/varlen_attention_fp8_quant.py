@@ -53,7 +53,8 @@ _kernels = None
 
 
 def _build():
-    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE_FP32, device_function, make_quotient, primitives
+    from h3kernels._launch.numba.fp8_bits import MIN_FAST_SCALE_FP32, device_function, make_quotient, make_range
+    from h3kernels._launch.numba.fp8_bits import primitives
 
     p = primitives()
     e4m3x2, div_rn = p.e4m3x2_from_f32, p.div_rn
@@ -63,7 +64,7 @@ def _build():
     # per lane for its four channels (the rare lane outside it tests every quotient); K divides
     # FP32 values (the centred keys), whose range is narrower, once per block
     quotient, quotient_or_div, in_range = make_quotient(p.fma_rn, div_rn)
-    in_fp32_range = make_quotient(p.fma_rn, div_rn, MIN_FAST_SCALE_FP32)[2]
+    in_fp32_range = make_range(MIN_FAST_SCALE_FP32)
     key_at = device_function(v_key_at)
 
     @cuda.jit
