@@ -15,9 +15,10 @@
 // core over a long K. Each 128-wide K slice is therefore summed in the tensor core into a
 // zeroed partial (4 k32 steps), and the partial is added to FP32 registers ("promotion"), so
 // no more than 128 products ever meet inside the tensor core. A consumer's 64 x BN output is
-// done per slice as four 64 x BN / 4 quarters with two partials in turn: one quarter's additions
-// overlap the next quarter's wgmmas. At BN = 256, 64 registers of partials sit beside the 128
-// FP32 sums.
+// done per slice in pieces with two partials in turn, so one piece's additions overlap the next
+// piece's wgmmas: four m64n64 quarters at BN = 256 (64 registers of partials beside the 128 FP32
+// sums; halves would need 256), two m64n112 halves at BN = 224 (112 beside 112), which read A
+// from shared memory half as often as quarters.
 #pragma once
 
 // The work split of a persistent GEMM (the launch layer's work_split() picks it).
@@ -80,13 +81,13 @@ static constexpr int GEMM_THREADS = 384;  // 3 warpgroups
 static constexpr int CONSUMER_WARPS = 8;
 static constexpr int A_BYTES = BM * BK;
 
-// One k32 step of a quarter: 64 x QN x 32 (the m64n128 fragment over QN / 8 n8 blocks).
-template <int QN>
-__device__ __forceinline__ void wgmma_quarter(float (&d)[QN / 2], u64 desc_a, u64 desc_b, int accumulate) {
-  if constexpr (QN == 64)
+// One k32 step of a piece: 64 x PN x 32 (the m64n128 fragment over PN / 8 n8 blocks).
+template <int PN>
+__device__ __forceinline__ void wgmma_piece(float (&d)[PN / 2], u64 desc_a, u64 desc_b, int accumulate) {
+  if constexpr (PN == 64)
     wgmma_m64n64k32_e4m3(d, desc_a, desc_b, accumulate);
   else
-    wgmma_m64n56k32_e4m3(d, desc_a, desc_b, accumulate);
+    wgmma_m64n112k32_e4m3(d, desc_a, desc_b, accumulate);
 }
 
 // Every tile of this CTA: acc = A[m0 ..) . B[n0 ..)^T over K bytes of e4m3 (A rows past M come
@@ -103,8 +104,9 @@ __device__ __forceinline__ void wgmma_quarter(float (&d)[QN / 2], u64 desc_a, u6
 template <int K, int BN, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
                                            const SplitK& split, Epilogue epilogue) {
-  static_assert(BN == 256 || BN == 224, "quarters of 64 or 56 columns (wgmma_quarter)");
-  constexpr int QN = BN / 4, QR = QN / 2;  // a quarter's columns and its partial's registers
+  static_assert(BN == 256 || BN == 224, "tiles of 256 or 224 columns (wgmma_piece)");
+  constexpr int PIECES = BN == 224 ? 2 : 4;
+  constexpr int QN = BN / 4, PN = BN / PIECES, PR = PN / 2;  // a half's registers; a piece's columns, registers
   constexpr int STAGE_BYTES = (BM + BN) * BK;  // a multiple of 1024, as the swizzle needs
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[STAGES], empty[STAGES];
@@ -153,11 +155,11 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
   const int consumer = __shfl_sync(0xffffffffu, wg - 1, 0), lane = threadIdx.x & 31;
   // the stage read next, and the oldest stage still read: released in ring order, one slice behind
   PipelineState<STAGES> ring, held;
-  // Four 64 x QN quarters per slice, two partials in turn: a quarter's wgmmas run while the
-  // previous quarter's partial is added, so this warpgroup keeps the tensor core fed itself.
-  float part[2][QR];
+  // PIECES 64 x PN pieces per slice, two partials in turn: a piece's wgmmas run while the
+  // previous piece's partial is added, so this warpgroup keeps the tensor core fed itself.
+  float part[2][PR];
 #pragma unroll
-  for (int i = 0; i < QR; ++i) part[0][i] = part[1][i] = 0.f;
+  for (int i = 0; i < PR; ++i) part[0][i] = part[1][i] = 0.f;
   for (int unit = first_unit; unit < units; unit += unit_step) {
     const WorkUnit w = work_unit(unit, split, K / BK);
     int m0, n0;
@@ -167,44 +169,41 @@ __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* ma
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < QN; ++i) acc[h][i] = 0.f;
+    // piece q's partial register i is acc's register PR q + i (of the flattened halves)
+    auto add_piece = [&](int q) {
+#pragma unroll
+      for (int i = 0; i < PR; ++i) {
+        fence_regs(part[q & 1][i]);  // the additions read the partial only after the wait
+        acc[(PR * q + i) / QN][(PR * q + i) % QN] += part[q & 1][i];
+      }
+    };
     int kb = w.kb_begin;  // every unit has at least one slice
 #pragma unroll 1
     do {
       mbar_wait(&full[ring.index], ring.phase);
-      // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a quarter
-      // QN rows of B: a multiple of the swizzle's 8 rows)
+      // the slice's descriptors once, then stepped by adds (a k32 step is 32 bytes, a piece
+      // PN rows of B: a multiple of the swizzle's 8 rows)
       const u32 a_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + consumer * 64 * BK);
       const u32 b_lo = wgmma_desc_lo(base + ring.index * STAGE_BYTES + A_BYTES);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < PIECES; ++q) {
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < BK / 32; ++k)
-          wgmma_quarter<QN>(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * QN * BK + 32 * k), k);
+          wgmma_piece<PN>(part[q & 1], wgmma_desc_at(a_lo, 32 * k), wgmma_desc_at(b_lo, q * PN * BK + 32 * k), k);
         wgmma_commit();
-        wgmma_wait<1>();  // the previous quarter (of this slice or the last) is done
-        const int pq = (q + 3) & 3;  // its quarter
-        if (q > 0 || kb > w.kb_begin) {
-#pragma unroll
-          for (int i = 0; i < QR; ++i) {
-            fence_regs(part[pq & 1][i]);  // the additions read the partial only after the wait
-            acc[pq >> 1][QR * (pq & 1) + i] += part[pq & 1][i];
-          }
-        }
-        // A stage is released only once the wait above covers its slice's last quarter: the
-        // previous slice's, at this slice's first quarter.
+        wgmma_wait<1>();  // the previous piece (of this slice or the last) is done
+        if (q > 0 || kb > w.kb_begin) add_piece((q + PIECES - 1) % PIECES);
+        // A stage is released only once the wait above covers its slice's last piece: the
+        // previous slice's, at this slice's first piece.
         if (q == 0 && kb > w.kb_begin) {
           if (lane == 0) mbar_arrive(&empty[held.index]);
           held.advance();
         }
       }
-      if (kb == w.kb_end - 1) {  // the unit's last quarter
+      if (kb == w.kb_end - 1) {  // the unit's last piece
         wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < QR; ++i) {
-          fence_regs(part[1][i]);
-          acc[1][QR + i] += part[1][i];
-        }
+        add_piece(PIECES - 1);
         if (lane == 0) mbar_arrive(&empty[held.index]);
         held.advance();
       }

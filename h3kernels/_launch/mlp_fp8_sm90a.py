@@ -28,8 +28,8 @@ BK = 128  # bytes of K per ring stage: one 128B-swizzled row, and the K span sum
 GEMM_THREADS = 384  # a producer warpgroup and two consumer warpgroups
 # Output tile widths (columns; FC1's prepacked, half as many y columns) each GEMM is instantiated
 # for, the widest first: the plan takes a narrower one only where the widest would leave much of
-# the last wave idle (tile_width). 4 quarters of 64 or 56 columns; FC1_OUT and HIDDEN are
-# multiples of both.
+# the last wave idle (tile_width). A slice in 4 quarters of 64 columns or 2 halves of 112;
+# FC1_OUT and HIDDEN are multiples of both widths.
 WIDTHS = (256, 224)
 NARROWER_GAIN = 0.95  # a narrower width must shorten the estimated makespan at least this much
 
