@@ -7,7 +7,10 @@
 // first rows of B, N / 2 registers) and issues K_STEPS wgmmas per commit group, waiting only for the
 // group before the last, so a group is always queued behind the one in the tensor pipe. The
 // operand tiles (A 64 x 128, B 256 x 128 e4m3, K-major, 128B swizzle, 1024-byte aligned) are
-// written once with a fixed pattern of finite values: zeros could let the hardware skip work.
+// written once with a fixed pattern of finite values (zeros could let the hardware skip work), or,
+// where a_src and b_src are given, CTA c's tiles are the A_BYTES and B_BYTES bytes from
+// a_src + c A_BYTES and b_src + c B_BYTES: a GEMM's own operand bits, whose toggling sets the
+// tensor cores' power (under a board's power cap, its clock).
 #include "hopper_common.cuh"
 
 #if !defined(WGMMA_N) || !defined(WARPGROUPS) || !defined(K_STEPS)
@@ -26,7 +29,9 @@ __device__ __forceinline__ void wgmma_e4m3(float (&d)[128], u64 a, u64 b) { wgmm
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k32_e4m3(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_e4m3(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k32_e4m3(d, a, b, 1); }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float* __restrict__ sink, int iters) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float* __restrict__ sink, int iters,
+                                                                          const u32* __restrict__ a_src,
+                                                                          const u32* __restrict__ b_src) {
   __shared__ __align__(1024) u8 raw[A_BYTES + B_BYTES + 1024];
   const u32 base = (smem_u32(raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte aligned tiles
   u8* tiles = raw + (base - smem_u32(raw));
@@ -34,7 +39,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float*
   // the sums stay far from overflow over any number of iterations
   for (int i = threadIdx.x; i < (A_BYTES + B_BYTES) / 4; i += THREADS) {
     const u32 h = (u32)i * 0x9E3779B1u;
-    reinterpret_cast<u32*>(tiles)[i] = (h ^ (h >> 15)) & 0xBFBFBFBFu;
+    u32 word = (h ^ (h >> 15)) & 0xBFBFBFBFu;
+    if (a_src != nullptr)
+      word = i < A_BYTES / 4 ? a_src[(size_t)blockIdx.x * (A_BYTES / 4) + i]
+                             : b_src[(size_t)blockIdx.x * (B_BYTES / 4) + i - A_BYTES / 4];
+    reinterpret_cast<u32*>(tiles)[i] = word;
   }
   fence_proxy_async_shared();
   __syncthreads();

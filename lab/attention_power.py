@@ -22,7 +22,7 @@ import torch
 
 import h3kernels
 from h3kernels.peers.torch_attention import sdpa_backend_bf16
-from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
+from h3kernels.peers.wgmma_ceiling import ceiling_launch
 from h3kernels.testing.timing import attention_flops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -57,7 +57,7 @@ def main():
         cudnn, label = sdpa_backend_bf16(s["q"], s["k"], s["v"], s["cu_host"], "CUDNN_ATTENTION")
         if cudnn is not None:  # as bench_attention.py times it: batched where the segments allow
             work.append((label, cudnn, flops))
-        work.append(("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None))
+        work.append(("e4m3 wgmma ceiling", *ceiling_launch(iters=16384)))
     report(work, os.path.join(out_dir, "attention_power.csv"),
            f"set {args.set}, 56 heads, {args.inputs} inputs")
 

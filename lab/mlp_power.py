@@ -1,7 +1,8 @@
 """What the GPU's clock and power do under the MLP's GEMMs (lab/attention_power.py's sampling):
 FC1 and FC2 of minimax_h3_mlp_fp8 (form 3) alone, torch._scaled_mm's FC1 and FC2 (row-wise
 scales, the GEMMs of torch.compile's FP8 block) on the same M, the whole call, and the e4m3
-wgmma ceiling, each for a few seconds while nvidia-smi samples every 50 ms.
+wgmma ceiling (on its fixed pattern, and on FC1's own operand bytes: what the tensor cores alone
+draw on these bits), each for a few seconds while nvidia-smi samples every 50 ms.
 
     python3 lab/mlp_power.py [--rows 16384] [--inputs normal|zeros]
 
@@ -16,12 +17,15 @@ import h3kernels
 from h3kernels import reference as R
 from h3kernels.constants import FFN, HIDDEN
 from h3kernels.peers.torch_mlp import fc1_fp8, fc2_fp8, fp8_gemm_inputs
-from h3kernels.peers.wgmma_ceiling import measure_wgmma_tflops
+from h3kernels.peers.wgmma_ceiling import ceiling_launch
 from h3kernels.testing.inputs import make_row_inputs
 from h3kernels.testing.poison import poisoned_mlp_workspaces
 from h3kernels.testing.timing import mlp_flops, mlp_gemm_flops, mlp_gemms_alone
 
 from attention_power import report
+
+
+ITERS = 16384  # wgmma groups per warpgroup in one ceiling launch (about 10 ms)
 
 
 def main():
@@ -49,11 +53,14 @@ def main():
     w1s, w2s = w1s.reshape(1, -1).contiguous(), w2s.reshape(1, -1).contiguous()
     gi = fp8_gemm_inputs(x, wn, sc, sh, idx, w1q, w1s)
     flops1, flops2 = mlp_gemm_flops(m)
+    # the ceiling's tiles filled with a_q's and w1_q's own bytes (each SM its own)
+    fc1_bits = (ws["workspace_a_q"].view(torch.uint8).flatten(), q1.view(torch.uint8).flatten())
     work = [("ours FC1", fc1, flops1), ("_scaled_mm FC1", lambda: fc1_fp8(gi[0], gi[1], w1q, w1s), flops1),
             ("ours FC2", fc2, flops2), ("_scaled_mm FC2", lambda: fc2_fp8(gi[2], gi[3], w2q, w2s), flops2),
             ("ours, whole call", lambda: h3kernels.minimax_h3_mlp_fp8(*args, out=out, fp8_mma_form=3, **ws),
              mlp_flops(m)),
-            ("e4m3 wgmma ceiling", lambda: measure_wgmma_tflops(iters=65536, reps=1), None)]
+            ("e4m3 wgmma ceiling", *ceiling_launch(iters=ITERS)),
+            ("e4m3 wgmma ceiling on FC1's operand bits", *ceiling_launch(iters=ITERS, operands=fc1_bits))]
     report(work, os.path.join(os.environ.get("OUT", "/tmp/h3out"), "mlp_power.csv"), f"M = {m}, {a.inputs} inputs")
 
 

@@ -41,6 +41,7 @@ def test_ceiling_is_measured():
 
 @pytest.mark.gpu
 def test_wgmma_ceiling_is_measured_on_compute_capability_9():
+    from h3kernels._launch.wgmma_ceiling import CeilingBuild
     from h3kernels.peers import mma_ceiling, wgmma_ceiling
 
     if torch.cuda.get_device_capability(0) != (9, 0):
@@ -48,6 +49,13 @@ def test_wgmma_ceiling_is_measured_on_compute_capability_9():
     # the e4m3 wgmma issues at several times the emulated mma.sync rate on Hopper (docs/kernels/mlp_sm90.md)
     assert wgmma_ceiling.measure_wgmma_tflops(0, iters=256, reps=3) > 2 * mma_ceiling.measure_tflops(0, 0, iters=256,
                                                                                                      reps=3)
+    # on a caller's operand bytes (finite e4m3: the exponent's top bit clear), one tile pair per SM
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    a, b = (torch.randint(0, 256, (sms * n,), generator=g, device="cuda", dtype=torch.uint8) & 0xBF
+            for n in (CeilingBuild.a_bytes, CeilingBuild.b_bytes))
+    assert wgmma_ceiling.measure_wgmma_tflops(0, iters=256, reps=3, operands=(a, b)) > 2 * mma_ceiling.measure_tflops(
+        0, 0, iters=256, reps=3)
 
 
 def test_wgmma_ceiling_is_none_with_the_reason_off_compute_capability_9(monkeypatch):
@@ -58,3 +66,17 @@ def test_wgmma_ceiling_is_none_with_the_reason_off_compute_capability_9(monkeypa
     errors = []
     assert wgmma_ceiling.ceiling_tflops(0, on_error=errors.append) is None
     assert len(errors) == 1 and "compute capability 9.0" in str(errors[0])
+
+
+def test_wgmma_ceiling_refuses_operands_too_short_for_every_sm(monkeypatch):
+    from h3kernels._launch.wgmma_ceiling import CeilingBuild
+    from h3kernels._runtime import targets
+    from h3kernels.peers import wgmma_ceiling
+
+    monkeypatch.setattr(targets, "device_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(targets, "sm_count", lambda dev: 4)
+    a = torch.zeros(4 * CeilingBuild.a_bytes, dtype=torch.uint8)
+    for b, what in ((torch.zeros(4 * CeilingBuild.b_bytes - 1, dtype=torch.uint8), "at least 131072"),
+                    (torch.zeros(4 * CeilingBuild.b_bytes // 2, dtype=torch.int16), "1-byte")):
+        with pytest.raises(ValueError, match=what):
+            wgmma_ceiling.ceiling_launch(0, operands=(a, b))

@@ -24,7 +24,7 @@ class CeilingBuild:
         return dict(WARPGROUPS=self.warpgroups, K_STEPS=self.k_steps, WGMMA_N=self.wgmma_n)
 
     def kernel_params(self, name):
-        return ("u64", "i32")  # sink, iters
+        return ("u64", "i32", "u64", "u64")  # sink, iters, a_src, b_src (0: the fixed pattern)
 
     def dynamic_smem(self, name):
         return 0  # its operand tiles are static shared memory
@@ -32,6 +32,10 @@ class CeilingBuild:
     @property
     def threads(self):
         return 128 * self.warpgroups
+
+    # the bytes of one CTA's A and B tiles, which a caller's operand source gives per CTA
+    a_bytes = 64 * 128
+    b_bytes = 256 * 128
 
     def flops(self, ctas, iters):
         """Tensor FLOPs of one launch of `ctas` CTAs."""
