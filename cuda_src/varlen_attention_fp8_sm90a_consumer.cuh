@@ -11,8 +11,11 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
   const i64 pitch = (i64)p.heads * HD;  // elements between consecutive tokens of out and q
   PipelineState<kStages> slot;  // the ring stage of the next keys
   PipelineState<1> q_slot;
+  float part[64];  // the P V partial (see stage_loop)
   float lp[4] = {0.f, 0.f, 0.f, 0.f};  // P . 1 of a stage
   const u64 ones_desc = wgmma_desc(sm.ones);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) part[i] = 0.f;
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int* w = p.tiles + (i64)tile * TILE_INTS;
     // The tile's Q first, quantized while little else is live (placed after the tile's loads
@@ -44,15 +47,19 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // s_k of each stage, read one stage ahead (its latency would stall the softmax)
     tl.sk = p.s_k + (i64)kb0 * p.heads + tl.h;
     const float sk_first = __ldg(tl.sk);
-    float o[64];  // O, accumulated in the tensor core (zeroed by each path where it starts)
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
     float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.f, l1 = 0.f, lt0 = 0.f, lt1 = 0.f;
     const u32 a_q = sm.q + consumer * 64 * HD;  // this warpgroup's rows of the Q tile
     tl.c0 = tl.row0 < tl.end ? sq0 * p.scale_log2 : 0.f;
     tl.c1 = tl.row1 < tl.end ? sq1 * p.scale_log2 : 0.f;
     if (one_block)  // apart from the stage loop: a branch inside it cost the loop 7% (H200)
-      one_block_tile(o, m0, m1, l0, l1, lt0, lt1, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane, t);
+      one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,
+                     t);
     else
-      stage_loop(o, m0, m1, l0, l1, lt0, lt1, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads, lane, t);
+      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads, lane,
+                 t);
     finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
                 sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }

@@ -21,7 +21,7 @@ __device__ __forceinline__ void load_q_step(u32 (&qa)[4], u32 q_rows, int lane, 
 __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k_rows, int lane) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
-#pragma unroll 1  // unrolled, the steps' operand loads all in flight spilled beside the stage loop's registers
+#pragma unroll
   for (int ks = 0; ks < HD / 32; ++ks) {
     u32 qa[4];
     load_q_step(qa, q_rows, lane, ks);
@@ -29,17 +29,15 @@ __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k
   }
 }
 
-// The tile's one stage: S, the softmax, P V on wgmma into O (waited for at once).
+// The tile's one stage: S, the softmax, P V on wgmma (waited for at once), O = O * alpha + P V.
 __device__ __forceinline__ void one_block_tile(float (&o)[64], float& m0, float& m1, float& l0, float& l1, float& lt0,
-                                               float& lt1, float (&lp)[4], float sk,
+                                               float& lt1, float (&part)[64], float (&lp)[4], float sk,
                                                PipelineState<kStages>& slot, const Tile& tl, const SharedMap& sm,
                                                const Barriers& bar, u32 a_q, u64 ones, int warp, int lane, int t) {
   mbar_wait(&bar.full[slot.index], slot.phase);
   const u32 k_rows = sm.stage(slot.index);
   float s[32];
   compute_s_sync(s, a_q + 16 * warp * HD, k_rows, lane);
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
   const float cb0 = tl.c0 * sk, cb1 = tl.c1 * sk;
   float mx0, mx1, a0, a1;
   u32 pa[kBlockKeys / 32][4];
@@ -47,15 +45,10 @@ __device__ __forceinline__ void one_block_tile(float (&o)[64], float& m0, float&
   row_max<false>(mx0, mx1, m0, m1, a0, a1, cb0, cb1);
   block_exp<false, true>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, tl.len, t);
   wgmma_fence();
-  issue_pv(o, pa, k_rows + kKBytes, lp, ones, false);
+  issue_pv(part, pa, k_rows + kKBytes, lp, ones, false);
   wgmma_commit();
   wgmma_wait<0>();
-  // O = 0 alpha + P V, as a stage after others would add it: P V's -0 sums become +0
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    fence_regs(o[i]);
-    o[i] += 0.f;
-  }
+  add_o(o, part, a0, a1);
   if (lane == 0) mbar_arrive(&bar.empty[slot.index]);
   slot.advance();
 }
