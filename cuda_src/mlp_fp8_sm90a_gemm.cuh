@@ -105,7 +105,9 @@ template <int K, int BN, class Epilogue>
 __device__ __forceinline__ void wgmma_gemm(const TmaMap* map_a, const TmaMap* map_b, int M, int n_tiles,
                                            const SplitK& split, Epilogue epilogue) {
   static_assert(BN == 256 || BN == 224, "tiles of 256 or 224 columns (wgmma_piece)");
-  constexpr int PIECES = BN == 224 ? 2 : 4;
+  // halves where the sums and two half-width partials (BN registers) fit the consumer's budget
+  // beside its addressing, quarters otherwise
+  constexpr int PIECES = BN <= 224 ? 2 : 4;
   constexpr int QN = BN / 4, PN = BN / PIECES, PR = PN / 2;  // a half's registers; a piece's columns, registers
   constexpr int STAGE_BYTES = (BM + BN) * BK;  // a multiple of 1024, as the swizzle needs
   extern __shared__ u8 smem_raw[];

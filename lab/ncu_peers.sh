@@ -7,7 +7,7 @@
 # Usage: bash lab/ncu_peers.sh [LENGTH 4096] [SEGMENTS 4]
 set -u
 L=${1:-4096} S=${2:-4}
-timeout 300 ncu --clock-control none --nvtx --nvtx-include "ours/" --nvtx-include "cudnn/" --nvtx-include "fa3/" \
+timeout 300 ncu --clock-control none --nvtx --nvtx-include "ours/" --nvtx-include "cudnn_fp8/" --nvtx-include "fa3_fp8/" \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
   --section ComputeWorkloadAnalysis --section InstructionStats --section MemoryWorkloadAnalysis \
   -o "$OUT/ncu_peers" -f python3 lab/peers_once.py "$L" "$S" > "$OUT/ncu_peers.log" 2>&1
