@@ -268,3 +268,8 @@ template <int kId, int kCount>
 __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
+// An arrival on it that does not wait (the other threads of kCount wait with named_barrier_sync).
+template <int kId, int kCount>
+__device__ __forceinline__ void named_barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}

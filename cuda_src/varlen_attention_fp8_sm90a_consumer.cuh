@@ -58,8 +58,8 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
       one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,
                      t);
     else
-      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads, lane,
-                 t);
+      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads,
+                 consumer, lane, t);
     finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
                 sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }

@@ -17,6 +17,13 @@
 // every 8 stages. l is the tensor core's sum of the rounded P (P . 1 beside each P V), rescaled
 // by the stage's alpha in registers.
 //
+// The two consumers run half a stage apart: consumer 1 starts a tile's softmax once consumer 0
+// has issued its first low half's P V (named barrier 2). Left to themselves they fell in step,
+// consumer 1 about a sixth of a stage ahead (the in-order tensor core held its P V and S behind
+// consumer 0's), both in their exponentials at once and both waiting on the tensor core at
+// once; half a stage apart, each one's softmax runs while the other's products do, and nothing
+// pulls them back in step within a tile (lab/attention_timeline.py; docs/kernels/attention_sm90.md).
+//
 // Every path issues the same wgmmas: a stage with no high half (the segment's last, 64 keys or
 // fewer) runs that half with every key masked (P 0, m unchanged) on the V pass's zero padding,
 // and past the last stage the next S is a stand-in (issue_next_s128). A wgmma issued under a
@@ -25,7 +32,8 @@
 __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1, float& l0, float& l1, float& lt0,
                                            float& lt1, float (&part)[64], float (&lp)[4], float sk_next,
                                            PipelineState<kStages>& slot, const Tile& tl, const SharedMap& sm,
-                                           const Barriers& bar, u32 a_q, u64 ones, int heads, int lane, int t) {
+                                           const Barriers& bar, u32 a_q, u64 ones, int heads, int consumer,
+                                           int lane, int t) {
   float s[32], s_hi[32];
   u32 pa[kBlockKeys / 32][4], pb[kBlockKeys / 32][4];
   float sk = 0.f;  // s_k of the stage
@@ -41,6 +49,7 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
       issue_s128(s, s_hi, a_q, stage_base);
       wgmma_commit();
       wgmma_wait<0>();
+      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();  // half a stage behind
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -60,6 +69,7 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
     wgmma_fence();
     issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);
     wgmma_commit();
+    if (st == 0 && tl.n_stages >= 2 && consumer == 0) named_barrier_arrive<2, 256>();
     block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);
     // The ring steps past the stage; where a next one follows, its s_k is read and its keys
     // waited for before the issue

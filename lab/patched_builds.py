@@ -1,0 +1,181 @@
+"""Builds of the shipped kernels with their source text patched, for probes that must not live in
+cuda_src/: a patch is a function of (main text, {header: text}) registered under a name, and a
+Lab*Build carries that name (as the -D constant H3_LAB_PATCH, so that the loader and NVRTC see a
+build of its own). Importing this module makes the compiler apply the patch of such a build
+(uncached). Each patch checks that its anchors are in the text once, so a change of the shipped
+source fails it loudly instead of probing something else.
+
+    python lab/patched_builds.py mlp_gemm_time [its arguments]   # with LabMlpBuild(patch=...) in --builds
+"""
+import dataclasses
+import runpy
+import sys
+from pathlib import Path
+
+from h3kernels._launch.mlp_fp8_sm90a import MlpBuild
+from h3kernels._launch.varlen_attention_fp8_sm90a import AttentionBuild
+from h3kernels._runtime import compiler
+
+PATCHES = {}
+_compile_cubin = compiler.compile_cubin
+
+
+def patch(name):
+    def register(fn):
+        PATCHES[name] = fn
+        return fn
+    return register
+
+
+def replace_once(text, anchor, new, where):
+    if text.count(anchor) != 1:
+        raise ValueError(f"{where}: anchor {anchor!r} found {text.count(anchor)} times")
+    return text.replace(anchor, new)
+
+
+def compile_cubin(name, arch, defines=None, extra=(), use_cache=True, backend=None, appended=""):
+    which = (defines or {}).get("H3_LAB_PATCH")
+    if not which:
+        return _compile_cubin(name, arch, defines, extra, use_cache, backend, appended)
+    main, headers = compiler.read_with_includes(name)
+    headers = dict(headers)
+    for one in which.split("+"):  # patches applied in turn
+        main, headers = PATCHES[one](main, headers)
+    options = compiler.options_for(arch, defines, extra)
+    cubin, log = compiler.nvrtc(backend).compile(main + appended, f"{name}.cu", headers, options)
+    return cubin, log, which
+
+
+compiler.compile_cubin = compile_cubin  # compiler.kernel looks it up at each first load
+
+
+@dataclasses.dataclass(frozen=True)
+class LabMlpBuild(MlpBuild):
+    patch: str = ""
+
+    def defines(self):
+        return {**super().defines(), **({"H3_LAB_PATCH": self.patch} if self.patch else {})}
+
+
+@dataclasses.dataclass(frozen=True)
+class LabAttentionBuild(AttentionBuild):
+    patch: str = ""
+
+    def defines(self):
+        return {**super().defines(), **({"H3_LAB_PATCH": self.patch} if self.patch else {})}
+
+
+def module_of(build, source):
+    """The loaded CuPy module of `build` of cuda_src/<source>.cu (after its first launch)."""
+    want = tuple(sorted(build.defines().items()))
+    for (ident, _device), mod in compiler._modules.items():
+        if ident[1] == source and ident[3] == want:
+            return mod
+    raise LookupError(f"no loaded module of {build} ({source})")
+
+
+@patch("mlp_no_epilogue")
+def mlp_no_epilogue(main, headers):
+    """The GEMMs' main loops alone: each tile's epilogue compiled in but never run (a test on its
+    first sum that no real operand meets), so loads, wgmmas and promotion run as shipped."""
+    h = "mlp_fp8_sm90a_gemm.cuh"
+    headers[h] = replace_once(headers[h], "      epilogue(acc, m0 + 64 * consumer, n0);",
+                              "      if (acc[0][0] == 1.2345e-30f) epilogue(acc, m0 + 64 * consumer, n0);", h)
+    return main, headers
+
+
+# the attention stage loop's timeline: clock64 at 8 points of each stage (lane 0 of each consumer
+# warpgroup, the tiles of head 0 of segment 0, stages < 64), into h3_probe[cta][consumer][stage][point]
+TIMELINE_POINTS = ("S ready", "row max", "low P", "low P V issued", "high P", "next keys", "P V waited",
+                   "next S waited")
+
+
+@patch("attention_timeline")
+def attention_timeline(main, headers):
+    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
+    t = headers[h]
+    t = replace_once(t, '#include "varlen_attention_fp8_sm90a_tile.cuh"\n',
+                     '#include "varlen_attention_fp8_sm90a_tile.cuh"\n'
+                     "__device__ unsigned long long h3_probe[132 * 2 * 64 * 8];\n"
+                     "__device__ __forceinline__ void h3_probe_at(unsigned long long* row, int st, int k) {\n"
+                     "  u64 c;\n"
+                     '  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");\n'
+                     "  if (row != nullptr && st < 64) row[st * 8 + k] = c;\n"
+                     "}\n", h)
+    t = replace_once(t, "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n",
+                     "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
+                     "  unsigned long long* const probe_on = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
+                     "      blockIdx.x < 132 ? h3_probe + (blockIdx.x * 2 + (threadIdx.x >> 7) - 1) * 512 : nullptr;\n", h)
+    marks = [
+        ("      fence_regs(s_hi[i]);\n    }\n", 0),
+        ("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
+        ("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
+        ("    issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);\n    wgmma_commit();\n", 3),
+        ("    block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);\n", 4),
+        ("      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n    wgmma_fence();\n", None),
+        ("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6),
+        ("    wgmma_wait<0>();\n  }\n}", None),
+    ]
+    for anchor, k in marks:
+        if k is not None:
+            t = replace_once(t, anchor, anchor + f"    h3_probe_at(probe_on, st, {k});\n", h)
+    t = replace_once(t, "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n    wgmma_fence();\n",
+                     "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n"
+                     "    h3_probe_at(probe_on, st, 5);\n    wgmma_fence();\n", h)
+    t = replace_once(t, "    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n    h3_probe_at(probe_on, st, 7);\n  }\n}",
+                     h)
+    headers[h] = t
+    return main, headers
+
+
+def poly_exp(every):
+    """Every `every`-th exponential of the stage loop's P on the FMA pipes: x clamped to
+    [-125, 126], rounded to the integer n by the 1.5 x 2^23 shift, 2^(x - n) by a cubic (relative
+    error 7.7e-5), n added to the exponent (9 instructions for one MUFU.EX2)."""
+    def apply(main, headers):
+        h = "varlen_attention_fp8_sm90a_softmax.cuh"
+        t = replace_once(headers[h], "// P = e4m3(2^(S - (m - 8)))",
+                         "__device__ __forceinline__ float ex2_fma(float x) {\n"
+                         "  x = fminf(fmaxf(x, -125.f), 126.f);\n"
+                         "  const float r = x + 12582912.f, f = x - (r - 12582912.f);\n"
+                         "  float p = fmaf(fmaf(fmaf(0.05508877f, f, 0.24260466f), f, 0.69327628f), f, 0.9999289f);\n"
+                         "  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));\n"
+                         "}\n// P = e4m3(2^(S - (m - 8)))", h)
+        t = replace_once(t, "    s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));\n",
+                         f"    if (FOLD && i % {every} == {every - 1}) s[i] = ex2_fma(s[i]); else\n"
+                         "    s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));\n", h)
+        headers[h] = t
+        return main, headers
+    return apply
+
+
+def candidate(folder):
+    """Every header of lab/<folder>/ in place of the shipped one (a candidate change)."""
+    def apply(main, headers):
+        for path in (Path(__file__).resolve().parent / folder).glob("*.cuh"):
+            if path.name not in headers:
+                raise ValueError(f"lab/{folder}/{path.name} is not a header of this source")
+            headers[path.name] = path.read_text()
+        return main, headers
+    return apply
+
+
+for _folder in Path(__file__).resolve().parent.glob("cand*"):
+    PATCHES[_folder.name] = candidate(_folder.name)
+@patch("ring3")
+def ring3(main, headers):
+    h = "varlen_attention_fp8_sm90a_layout.cuh"
+    headers[h] = replace_once(headers[h], "constexpr int kStages = RING_STAGES;", "constexpr int kStages = 3;", h)
+    return main, headers
+
+
+PATCHES["poly4"] = poly_exp(4)
+PATCHES["poly8"] = poly_exp(8)
+PATCHES["poly2"] = poly_exp(2)
+if __name__ == "__main__":
+    # python lab/patched_builds.py SCRIPT [args]: runs lab/SCRIPT.py with the Lab builds in its namespace
+    script = Path(__file__).resolve().parent / f"{sys.argv[1]}.py"
+    sys.argv = [str(script)] + sys.argv[2:]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), init_globals=dict(LabMlpBuild=LabMlpBuild, LabAttentionBuild=LabAttentionBuild),
+                   run_name="__main__")
