@@ -106,72 +106,23 @@ def attention_timeline(main, headers):
                      "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
                      "  unsigned long long* const probe_on = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
                      "      blockIdx.x < 132 ? h3_probe + (blockIdx.x * 2 + (threadIdx.x >> 7) - 1) * 512 : nullptr;\n", h)
-    marks = [
-        ("      fence_regs(s_hi[i]);\n    }\n", 0),
-        ("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
-        ("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
-        ("    issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);\n    wgmma_commit();\n", 3),
-        ("    block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);\n", 4),
-        ("      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n    wgmma_fence();\n", None),
-        ("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6),
-        ("    wgmma_wait<0>();\n  }\n}", None),
-    ]
-    for anchor, k in marks:
-        if k is not None:
-            t = replace_once(t, anchor, anchor + f"    h3_probe_at(probe_on, st, {k});\n", h)
+    probe = "    h3_probe_at(probe_on, st, {});\n".format
+    for anchor, k in (("      fence_regs(s_hi[i]);\n    }\n", 0),
+                      ("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
+                      ("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
+                      ("    issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);\n    wgmma_commit();\n", 3),
+                      ("    block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);\n",
+                       4),
+                      ("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6)):
+        t = replace_once(t, anchor, anchor + probe(k), h)
+    # the next keys' wait and the stage's last wait end inside a block: their probes follow its brace
     t = replace_once(t, "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n    wgmma_fence();\n",
-                     "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n"
-                     "    h3_probe_at(probe_on, st, 5);\n    wgmma_fence();\n", h)
-    t = replace_once(t, "    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n    h3_probe_at(probe_on, st, 7);\n  }\n}",
-                     h)
+                     "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n" + probe(5) + "    wgmma_fence();\n", h)
+    t = replace_once(t, "    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n" + probe(7) + "  }\n}", h)
     headers[h] = t
     return main, headers
 
 
-def poly_exp(every):
-    """Every `every`-th exponential of the stage loop's P on the FMA pipes: x clamped to
-    [-125, 126], rounded to the integer n by the 1.5 x 2^23 shift, 2^(x - n) by a cubic (relative
-    error 7.7e-5), n added to the exponent (9 instructions for one MUFU.EX2)."""
-    def apply(main, headers):
-        h = "varlen_attention_fp8_sm90a_softmax.cuh"
-        t = replace_once(headers[h], "// P = e4m3(2^(S - (m - 8)))",
-                         "__device__ __forceinline__ float ex2_fma(float x) {\n"
-                         "  x = fminf(fmaxf(x, -125.f), 126.f);\n"
-                         "  const float r = x + 12582912.f, f = x - (r - 12582912.f);\n"
-                         "  float p = fmaf(fmaf(fmaf(0.05508877f, f, 0.24260466f), f, 0.69327628f), f, 0.9999289f);\n"
-                         "  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));\n"
-                         "}\n// P = e4m3(2^(S - (m - 8)))", h)
-        t = replace_once(t, "    s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));\n",
-                         f"    if (FOLD && i % {every} == {every - 1}) s[i] = ex2_fma(s[i]); else\n"
-                         "    s[i] = ex2(FOLD ? s[i] : s[i] - ((i & 2) ? e1 : e0));\n", h)
-        headers[h] = t
-        return main, headers
-    return apply
-
-
-def candidate(folder):
-    """Every header of lab/<folder>/ in place of the shipped one (a candidate change)."""
-    def apply(main, headers):
-        for path in (Path(__file__).resolve().parent / folder).glob("*.cuh"):
-            if path.name not in headers:
-                raise ValueError(f"lab/{folder}/{path.name} is not a header of this source")
-            headers[path.name] = path.read_text()
-        return main, headers
-    return apply
-
-
-for _folder in Path(__file__).resolve().parent.glob("cand*"):
-    PATCHES[_folder.name] = candidate(_folder.name)
-@patch("ring3")
-def ring3(main, headers):
-    h = "varlen_attention_fp8_sm90a_layout.cuh"
-    headers[h] = replace_once(headers[h], "constexpr int kStages = RING_STAGES;", "constexpr int kStages = 3;", h)
-    return main, headers
-
-
-PATCHES["poly4"] = poly_exp(4)
-PATCHES["poly8"] = poly_exp(8)
-PATCHES["poly2"] = poly_exp(2)
 if __name__ == "__main__":
     # python lab/patched_builds.py SCRIPT [args]: runs lab/SCRIPT.py with the Lab builds in its namespace
     script = Path(__file__).resolve().parent / f"{sys.argv[1]}.py"
