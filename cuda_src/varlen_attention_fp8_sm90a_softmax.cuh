@@ -14,7 +14,6 @@
 #pragma once
 #include "varlen_attention_fp8_sm90a_layout.cuh"
 
-static constexpr float kLazyMax = 0.75f;
 // Keys from `valid` on (this lane's fragment) to -inf; only a segment's last stage has any.
 __device__ __forceinline__ void mask_keys(float (&v)[32], int valid, int t) {
   if (valid < kBlockKeys) {  // CTA-uniform
@@ -59,10 +58,6 @@ __device__ __forceinline__ void row_max(float mx0, float mx1, float& m0, float& 
   // With FOLD, a half with every key masked gives -inf * cb, or NaN where cb = 0: fmaxf keeps m
   mx0 = fmaxf(m0, FOLD ? mx0 * cb0 : mx0);
   mx1 = fmaxf(m1, FOLD ? mx1 * cb1 : mx1);
-  if (FOLD) {  // LAZY_MAX: m moves only where the max passes it by more than kLazyMax
-    mx0 = mx0 > m0 + kLazyMax ? mx0 : m0;
-    mx1 = mx1 > m1 + kLazyMax ? mx1 : m1;
-  }
   // The first stage always has key 0, so mx is finite from here on and alpha = 2^-inf = 0 at first.
   a0 = ex2(m0 - mx0);
   a1 = ex2(m1 - mx1);

@@ -123,35 +123,6 @@ def attention_timeline(main, headers):
     return main, headers
 
 
-_RING_STEP = """    // The ring steps past the stage; where a next one follows, its s_k is read and its keys
-    // waited for before the issue
-    const int cur = slot.index;
-    slot.advance();
-    const bool more = st + 1 < tl.n_stages;
-    if (more) {
-      sk = sk_next;
-      if (st + 2 < tl.n_stages) sk_next = __ldg(tl.sk + (i64)(st + 2) * heads);
-      mbar_wait(&bar.full[slot.index], slot.phase);
-    }
-"""
-
-
-def ring_step_at(anchor):
-    """The stage loop's ring step (the next stage's s_k and the wait for its keys) moved to just
-    after `anchor`, earlier in the stage."""
-    def apply(main, headers):
-        h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
-        t = replace_once(headers[h], _RING_STEP, "", h)
-        headers[h] = replace_once(t, anchor, anchor + _RING_STEP, h)
-        return main, headers
-    return apply
-
-
-PATCHES["ring_step_after_low_pv"] = ring_step_at(
-    "    if (st == 0 && tl.n_stages >= 2 && consumer == 0) named_barrier_arrive<2, 256>();\n")
-PATCHES["ring_step_before_low_pv"] = ring_step_at("    if (chain_on) scale_rows(part, a0, a1);\n")
-
-
 if __name__ == "__main__":
     # python lab/patched_builds.py SCRIPT [args]: runs lab/SCRIPT.py with the Lab builds in its namespace
     script = Path(__file__).resolve().parent / f"{sys.argv[1]}.py"
