@@ -10,6 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import cupy
 import numpy as np
 import torch
 
@@ -32,7 +33,6 @@ def timeline(name, build, shipped):
     hopper.BUILDS[False] = shipped
     t_plain = median_ms_batched(plain, batch=5, warmup=2, reps=7)
     t_probed = median_ms_batched(probed, batch=5, warmup=2, reps=7)
-    import cupy
     mod = pb.module_of(build, hopper.SOURCE)
     size = 132 * 2 * 64 * 8 * 8
     buf = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(mod.get_global_var("h3_probe")), size, mod), 0)

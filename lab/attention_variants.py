@@ -2,7 +2,7 @@
 against the shipped build, in rounds that take every build in turn; each build's out checked bit
 for bit against the shipped build's.
 
-    python lab/attention_variants.py --sets 4x4096 1x16384 --patches offset_low offset_high [--rounds 3]
+    python lab/attention_variants.py [--sets 4x4096 1x16384 ...] --patches NAME [NAME ...] [--rounds 3]
 """
 import argparse
 import statistics
