@@ -123,31 +123,6 @@ def attention_timeline(main, headers):
     return main, headers
 
 
-@patch("free_tile_start")
-def free_tile_start(main, headers):
-    """Each consumer starts a tile on its own (a 128-thread barrier over its own Q rows instead of
-    the two consumers' 256), and the half-stage barrier alternates between ids 2 and 4 by the
-    tile's parity, so consumer 0 may run a tile ahead without its arrival meeting the wait of
-    consumer 1's previous tile."""
-    h = "varlen_attention_fp8_sm90a_consumer.cuh"
-    t = replace_once(headers[h], "    named_barrier_sync<1, 256>();  // both consumers: they start every tile together\n",
-                     "    if (consumer == 0) named_barrier_sync<1, 128>(); else named_barrier_sync<3, 128>();\n", h)
-    t = replace_once(t, "  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {\n",
-                     "  int parity = 0;\n  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x, parity ^= 1) {\n", h)
-    t = replace_once(t, "p.heads,\n                 consumer, lane, t);", "p.heads,\n                 consumer, parity, lane, t);", h)
-    headers[h] = t
-    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
-    t = replace_once(headers[h], "u64 ones, int heads, int consumer,\n", "u64 ones, int heads, int consumer, int parity,\n", h)
-    t = replace_once(t, "      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();  // half a stage behind\n",
-                     "      if (tl.n_stages >= 2 && consumer == 1) {\n"
-                     "        if (parity) named_barrier_sync<4, 256>(); else named_barrier_sync<2, 256>();\n      }\n", h)
-    t = replace_once(t, "    if (st == 0 && tl.n_stages >= 2 && consumer == 0) named_barrier_arrive<2, 256>();\n",
-                     "    if (st == 0 && tl.n_stages >= 2 && consumer == 0) {\n"
-                     "      if (parity) named_barrier_arrive<4, 256>(); else named_barrier_arrive<2, 256>();\n    }\n", h)
-    headers[h] = t
-    return main, headers
-
-
 if __name__ == "__main__":
     # python lab/patched_builds.py SCRIPT [args]: runs lab/SCRIPT.py with the Lab builds in its namespace
     script = Path(__file__).resolve().parent / f"{sys.argv[1]}.py"
