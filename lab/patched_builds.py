@@ -104,9 +104,9 @@ def attention_timeline(main, headers):
                      "}\n", h)
     t = replace_once(t, "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n",
                      "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
-                     "  unsigned long long* const probe_on = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
+                     "  unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
                      "      blockIdx.x < 132 ? h3_probe + (blockIdx.x * 2 + (threadIdx.x >> 7) - 1) * 512 : nullptr;\n", h)
-    probe = "    h3_probe_at(probe_on, st, {});\n".format
+    probe = "    h3_probe_at(probe_row, st, {});\n".format
     for anchor, k in (("      fence_regs(s_hi[i]);\n    }\n", 0),
                       ("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
                       ("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
