@@ -39,11 +39,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) h3_wgmma_ceiling(float*
   // the sums stay far from overflow over any number of iterations
   for (int i = threadIdx.x; i < (A_BYTES + B_BYTES) / 4; i += THREADS) {
     const u32 h = (u32)i * 0x9E3779B1u;
-    u32 word = (h ^ (h >> 15)) & 0xBFBFBFBFu;
-    if (a_src != nullptr)
-      word = i < A_BYTES / 4 ? a_src[(size_t)blockIdx.x * (A_BYTES / 4) + i]
-                             : b_src[(size_t)blockIdx.x * (B_BYTES / 4) + i - A_BYTES / 4];
-    reinterpret_cast<u32*>(tiles)[i] = word;
+    reinterpret_cast<u32*>(tiles)[i] = a_src == nullptr   ? (h ^ (h >> 15)) & 0xBFBFBFBFu
+                                       : i < A_BYTES / 4 ? a_src[(size_t)blockIdx.x * (A_BYTES / 4) + i]
+                                                         : b_src[(size_t)blockIdx.x * (B_BYTES / 4) + i - A_BYTES / 4];
   }
   fence_proxy_async_shared();
   __syncthreads();

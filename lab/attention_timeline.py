@@ -16,6 +16,7 @@ import torch
 
 import patched_builds as pb
 from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+from h3kernels._runtime import compiler
 from h3kernels.testing.timing import attention_kernel_alone
 from h3kernels.timing import median_ms_batched
 
@@ -23,17 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bench_attention import SETS, make_set  # noqa: E402
 
 
-def timeline(name, build, shipped):
+def timeline(name, build):
     s = make_set(dict(SETS)[name], 56, 0, torch.device("cuda"))
     args = (s["q"], s["k"], s["v"], s["cu"], s["cu_host"])
-    hopper.BUILDS[False] = shipped
     plain = attention_kernel_alone(*args)
-    hopper.BUILDS[False] = build
-    probed = attention_kernel_alone(*args)
-    hopper.BUILDS[False] = shipped
+    probed = attention_kernel_alone(*args, build=build)
     t_plain = median_ms_batched(plain, batch=5, warmup=2, reps=7)
     t_probed = median_ms_batched(probed, batch=5, warmup=2, reps=7)
-    mod = pb.module_of(build, hopper.SOURCE)
+    mod = compiler.kernel(hopper.SOURCE, hopper.KERNEL, hopper.ARCH, build, 0).function.module
     size = 132 * 2 * 64 * 8 * 8
     buf = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(mod.get_global_var("h3_probe")), size, mod), 0)
     buf.memset(0, size)
@@ -79,10 +77,9 @@ def main():
         i = args.index("--patch")
         extra = args[i + 1] + "+"
         del args[i:i + 2]
-    shipped = hopper.BUILDS[False]
     build = pb.LabAttentionBuild(patch=extra + "attention_timeline")
     for name in args or ["4x4096"]:
-        timeline(name, build, shipped)
+        timeline(name, build)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 import patched_builds as pb
-from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
 from h3kernels.testing.timing import attention_kernel_alone
 from h3kernels.timing import median_ms_batched
 
@@ -26,15 +25,12 @@ def main():
     p.add_argument("--patches", nargs="+", default=[])
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
-    shipped = hopper.BUILDS[False]
-    builds = [("shipped", shipped)] + [(name, pb.LabAttentionBuild(patch=name)) for name in a.patches]
+    builds = [("shipped", None)] + [(name, pb.LabAttentionBuild(patch=name)) for name in a.patches]
     for name in a.sets:
         s = make_set(dict(SETS)[name], 56, 0, torch.device("cuda"))
         runs = []
         for label, build in builds:
-            hopper.BUILDS[False] = build
-            f = attention_kernel_alone(s["q"], s["k"], s["v"], s["cu"], s["cu_host"])
-            hopper.BUILDS[False] = shipped
+            f = attention_kernel_alone(s["q"], s["k"], s["v"], s["cu"], s["cu_host"], build=build)
             out = f.arrays[1]
             out.fill_(float("nan"))
             f()

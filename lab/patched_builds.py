@@ -65,15 +65,6 @@ class LabAttentionBuild(AttentionBuild):
         return {**super().defines(), **({"H3_LAB_PATCH": self.patch} if self.patch else {})}
 
 
-def module_of(build, source):
-    """The loaded CuPy module of `build` of cuda_src/<source>.cu (after its first launch)."""
-    want = tuple(sorted(build.defines().items()))
-    for (ident, _device), mod in compiler._modules.items():
-        if ident[1] == source and ident[3] == want:
-            return mod
-    raise LookupError(f"no loaded module of {build} ({source})")
-
-
 @patch("mlp_no_epilogue")
 def mlp_no_epilogue(main, headers):
     """The GEMMs' main loops alone: each tile's epilogue compiled in but never run (a test on its

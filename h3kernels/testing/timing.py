@@ -150,15 +150,17 @@ def attention_quant_least_bytes(lens, heads):
     return 3 * 3 * sum(lens) * heads * HEAD_DIM
 
 
-def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
+def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1, build=None):
     """Runs one call of minimax_h3_varlen_attention_fp8 (torch CUDA tensors q, k, v, cu_seqlens
     and its host copy; fp8_mma_form `form`) through the launch layer and returns a function that
     launches the attention kernel alone again on the same arguments (its LaunchRecord's replay;
     the scratch stays as the call left it, held by the function: the quantization passes are not
-    rerun)."""
+    rerun). build: another AttentionBuild of the wgmma kernel (form 3 calls only) to replay the
+    launch with, the same grid and parameters (default: the kernel the call ran)."""
     import torch
 
-    from h3kernels._runtime import arrays
+    from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+    from h3kernels._runtime import arrays, compiler, targets
     from h3kernels.varlen_attention_fp8 import attend
 
     scratch = []
@@ -167,6 +169,12 @@ def attention_kernel_alone(q, k, v, cu_seqlens, cu_seqlens_host, form=-1):
     if record is None:
         raise RuntimeError("the call launched no attention kernel (no tokens, or an empty plan)")
     call = arrays.Call(dict(q=q, k=k, v=v, cu_seqlens=cu_seqlens))
+    if build is not None:
+        ran = targets.operator_form(call.device_id, form)
+        if targets.form_family(ran) != targets.WGMMA:
+            raise ValueError(f"build: another build of the wgmma kernel replays a form 3 call; this call ran form {ran}")
+        record = record._replace(kernel=compiler.kernel(hopper.SOURCE, hopper.KERNEL, hopper.ARCH, build,
+                                                        call.device_id))
 
     def replay():
         previous = call.make_current()
