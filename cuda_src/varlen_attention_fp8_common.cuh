@@ -82,19 +82,21 @@ __device__ __forceinline__ void row_maxima(float& m0, float& m1) {
 // may alias q): with Q_FIRST all of them before the first word, in a loop of their own (the
 // shorter code where the words go to shared memory), else each tile's just before its words
 // (fewer live registers where they go to out directly). pitch: elements between consecutive
-// tokens of q; q_first: a row of the segment, read in place of rows past it. READ_ONLY: s_v and
-// mu through the read-only cache by name (__ldg), for a kernel whose pointers come from a parameter
-// struct, where the compiler does not infer it as it does from const __restrict__ parameters.
+// tokens of q; q_first: a row of the segment, read in place of rows past it. sv and mu: the rows'
+// segment and head's HDIM values of s_v and of the key mean (sv may be in shared memory).
+// READ_ONLY: mu through the read-only cache by name (__ldg), for a kernel whose pointers come
+// from a parameter struct, where the compiler does not infer it as it does from const
+// __restrict__ parameters.
 template <int HDIM, bool Q_FIRST, bool READ_ONLY, class Acc, class Put>
 __device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, float m0, float m1, float l0,
-                                              float l1, float lse_l0, float lse_l1, const float* __restrict__ s_v,
+                                              float l1, float lse_l0, float lse_l1, const float* __restrict__ sv,
                                               const float* __restrict__ mu, const u16* q, float* __restrict__ lse,
-                                              int seg, int h, int heads, i64 pitch, int tokens, int q_first,
-                                              float softmax_scale, Put put) {
+                                              int h, i64 pitch, int tokens, int q_first, float softmax_scale,
+                                              Put put) {
   const int row1 = row0 + 8;
   // q . mu for the lse: the lane takes the channels it writes (2t, 2t + 1 of every 8), in channel
   // order with fma; then the row's four lanes add pairwise (t ^ 1, then t ^ 2)
-  const float* mus = mu + ((i64)seg * heads + h) * HDIM + 2 * t;
+  const float* mus = mu + 2 * t;
   const u16* qr0 = q + (i64)(row0 < end ? row0 : q_first) * pitch + h * HDIM + 2 * t;
   const u16* qr1 = q + (i64)(row1 < end ? row1 : q_first) * pitch + h * HDIM + 2 * t;
   float d0 = 0.f, d1 = 0.f;
@@ -121,11 +123,11 @@ __device__ __forceinline__ void epilogue_rows(Acc o, int row0, int end, int t, f
   // written row. The FP32 quotient goes through one reciprocal per row (it may differ from the
   // division by an FP32 ulp): 64 IEEE divisions per lane cost each work tile about a microsecond.
   const float r0 = __frcp_rn(256.f * l0), r1 = __frcp_rn(256.f * l1);
-  const float* sv = s_v + ((i64)seg * heads + h) * HDIM + 2 * t;
+  const float* svs = sv + 2 * t;
 #pragma unroll
   for (int ct = 0; ct < HDIM / 8; ++ct) {
     if (!Q_FIRST && lse != nullptr) dot(ct);
-    const float v0 = load(sv + ct * 8), v1 = load(sv + ct * 8 + 1);
+    const float v0 = svs[ct * 8], v1 = svs[ct * 8 + 1];
     put(0, ct, (u32)bf16_from_f32(o(ct, 0) * v0 * r0) | ((u32)bf16_from_f32(o(ct, 1) * v1 * r0) << 16));
     put(1, ct, (u32)bf16_from_f32(o(ct, 2) * v0 * r1) | ((u32)bf16_from_f32(o(ct, 3) * v1 * r1) << 16));
   }
@@ -143,7 +145,8 @@ __device__ __forceinline__ void write_rows(Acc o, int row0, int end, int t, floa
   const int row1 = row0 + 8;
   u16* out0 = out + (i64)row0 * pitch + h * HDIM + 2 * t;
   u16* out1 = out + (i64)row1 * pitch + h * HDIM + 2 * t;
-  epilogue_rows<HDIM, false, false>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads,
+  const i64 at = ((i64)seg * heads + h) * HDIM;  // the segment and head's s_v and mean
+  epilogue_rows<HDIM, false, false>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v + at, mu + at, q, lse, h,
                                     pitch, tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
                         if ((half ? row1 : row0) < end) *reinterpret_cast<u32*>((half ? out1 : out0) + ct * 8) = word;
                       });

@@ -15,13 +15,14 @@
 // is the tensor core's sum of the rounded P (the exact-l build also sums the unrounded P in FP32
 // for the lse). A segment of one 64-key block computes S on mma.sync (one_block_tile).
 //
-// The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its threads issues
-// the TMA loads (produce): the tile's bf16 Q (128 query rows of one head) and a 4-deep ring of
-// 128-key stages, each a K box and a V^T box. Warpgroups 1 and 2 each own 64 query rows
-// (consume): they quantize them into the e4m3 Q tile (quantize_q_rows), release the staged rows
-// (so the next tile's Q loads under this tile), and run the stage loop (stage_loop): per stage,
-// S in one m64n128 wgmma group issued a stage ahead, the stage's softmax, the P V of its two
-// 64-key halves, then the epilogue (finish_tile) through a shared-memory staging of out.
+// The CTA: three warpgroups. Warpgroup 0 gives its registers up and one of its warps loads
+// (produce): per tile a slot of what the consumers read of it (the plan's row, s_v), the tile's
+// bf16 Q (128 query rows of one head) and a 4-deep ring of 128-key stages, each a K box, a V^T
+// box and its K scale. Warpgroups 1 and 2 each own 64 query rows (consume): they quantize them
+// into the e4m3 Q tile (quantize_q_rows), release the staged rows (so the next tile's Q loads
+// under this tile), and run the stage loop (stage_loop): per stage, S in one m64n128 wgmma group
+// issued a stage ahead, the stage's softmax, the P V of its two 64-key halves, then the epilogue
+// (finish_tile) through a shared-memory staging of out.
 //
 // Operands: Q and K are K-major (head dim contiguous, one 128-byte swizzled row), so S = Q K^T
 // reads both from shared memory. P V takes P from registers (the A fragment of a warp is the
@@ -47,6 +48,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const Args p(params);
   extern __shared__ u8 smem_raw[];
   __shared__ __align__(8) u64 full[kStages], empty[kStages], q_full, q_empty;
+  __shared__ __align__(16) TileInfo info[2];
+  __shared__ float stage_sk[kStages];
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;  // the 128B swizzle needs 1024-byte tiles
   SharedMap sm;
   sm.q = base;
@@ -54,6 +57,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   sm.ones = sm.ring + kStages * kStageBytes;
   sm.out_stage = smem_raw + (sm.ones + kOnesBytes - smem_u32(smem_raw));
   sm.q_staged = sm.ones + kOnesBytes + kOutStageBytes;
+  sm.info = info;
+  sm.stage_sk = stage_sk;
   const Barriers bar{full, empty, &q_full, &q_empty};
   const int wg = threadIdx.x >> 7;
   // the first kOnesBytes / 4 consumer threads, a word each
@@ -67,14 +72,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
     }
-    mbar_init(&q_full, 1);
-    mbar_init(&q_empty, kConsumerWarps);
+    mbar_init(&q_full, kLoaderLanes);
+    mbar_init(&q_empty, 128 * kConsumers);
     mbar_init_fence();
   }
   __syncthreads();
   if (wg == 0) {
     regs_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) produce(params, p, sm, bar);
+    if (threadIdx.x < kLoaderLanes) produce(params, sm, bar, threadIdx.x);
   } else {
     regs_alloc<kConsumerRegs>();
     consume(p, sm, bar, wg - 1);

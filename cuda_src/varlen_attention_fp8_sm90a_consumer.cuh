@@ -16,27 +16,26 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
   const u64 ones_desc = wgmma_desc(sm.ones);
 #pragma unroll
   for (int i = 0; i < 64; ++i) part[i] = 0.f;
-  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
-    const int* w = p.tiles + (i64)tile * TILE_INTS;
+  for (int tile = blockIdx.x, nth = 0; tile < p.n_tiles; tile += gridDim.x, ++nth) {
+    const TileInfo& info = sm.info[nth & 1];  // the loading warp's copy of the plan's row and s_v
     // The tile's Q first, quantized while little else is live (placed after the tile's loads
     // of the plan, it cost the stage loop its schedule: descriptors converted between wgmmas)
     mbar_wait(bar.q_full, q_slot.phase);
     q_slot.advance();
     const float sq = quantize_q_rows(sm.q_staged + consumer * 64 * 2 * HD, sm.q + consumer * 64 * HD, warp, lane);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.q_empty);  // the warp's staged rows are read: the next tile's may land
+    // every thread's reads of the staged rows and of the previous tile's slot are done: the next
+    // tile's may land (each thread arrives after its own reads, so that no warp-level ordering
+    // is assumed)
+    mbar_arrive(bar.q_empty);
     fence_proxy_async_shared();
     named_barrier_sync<1, 256>();  // both consumers: they start every tile together
     // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
-    Tile tl;  // the row carries the segment's query end and first key block: no load behind another
-    tl.len = __ldg(w + 1);
-    const int q0 = __ldg(w + 2);
-    tl.h = __ldg(w + 3);
-    tl.seg = __ldg(w + 4);
-    tl.end = __ldg(w + 5);
-    const int kb0 = __ldg(w + 6);
+    Tile tl;
+    tl.len = info.row[1];
+    const int q0 = info.row[2];
+    tl.end = info.row[5];
     tl.n_stages = (tl.len + kStageKeys - 1) / kStageKeys;
     const bool one_block = (tl.len + kBlockKeys - 1) / kBlockKeys == 1;  // CTA-uniform: S on mma.sync, l in FP32
     tl.row0 = q0 + 64 * consumer + 16 * warp + g;
@@ -44,9 +43,6 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     // there row0 is kept as computed (in the other build the same pin spilled 16 bytes instead)
     if constexpr (kExactL) asm volatile("" : "+r"(tl.row0));
     tl.row1 = tl.row0 + 8;
-    // s_k of each stage, read one stage ahead (its latency would stall the softmax)
-    tl.sk = p.s_k + (i64)kb0 * p.heads + tl.h;
-    const float sk_first = __ldg(tl.sk);
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -55,12 +51,10 @@ __device__ __forceinline__ void consume(const Args& p, const SharedMap& sm, cons
     tl.c0 = tl.row0 < tl.end ? sq0 * p.scale_log2 : 0.f;
     tl.c1 = tl.row1 < tl.end ? sq1 * p.scale_log2 : 0.f;
     if (one_block)  // apart from the stage loop: a branch inside it cost the loop 7% (H200)
-      one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, warp, lane,
-                     t);
+      one_block_tile(o, m0, m1, l0, l1, lt0, lt1, part, lp, slot, tl, sm, bar, a_q, ones_desc, warp, lane, t);
     else
-      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, sk_first, slot, tl, sm, bar, a_q, ones_desc, p.heads,
-                 consumer, lane, t);
-    finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch,
+      stage_loop(o, m0, m1, l0, l1, lt0, lt1, part, lp, slot, tl, sm, bar, a_q, ones_desc, lane, t);
+    finish_tile(o, p, m0, m1, l0, l1, lt0, lt1, tl, one_block, lane, pitch, info,
                 sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);
   }
 }

@@ -37,15 +37,14 @@ __device__ __forceinline__ void store_staged_rows(const u8* stage, u16* out, int
 // warp's first store to out, which may alias q.
 template <class Acc>
 __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int lane, float m0, float m1, float l0,
-                                                  float l1, float lse_l0, float lse_l1,
-                                                  const float* __restrict__ s_v, const float* __restrict__ mu,
-                                                  const u16* q, u16* out, float* __restrict__ lse, int seg, int h,
-                                                  int heads, i64 pitch, int tokens, int q_first, float softmax_scale,
-                                                  u8* stage) {
+                                                  float l1, float lse_l0, float lse_l1, const float* sv,
+                                                  const float* __restrict__ mu, const u16* q, u16* out,
+                                                  float* __restrict__ lse, int h, i64 pitch, int tokens, int q_first,
+                                                  float softmax_scale, u8* stage) {
   const int t = lane & 3, g = lane >> 2;
   u8* lane_stage = stage + g * kOutPitch + 4 * t;
-  epilogue_rows<HD, true, true>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, s_v, mu, q, lse, seg, h, heads, pitch,
-                                tokens, q_first, softmax_scale, [&](int half, int ct, u32 word) {
+  epilogue_rows<HD, true, true>(o, row0, end, t, m0, m1, l0, l1, lse_l0, lse_l1, sv, mu, q, lse, h, pitch, tokens,
+                                q_first, softmax_scale, [&](int half, int ct, u32 word) {
                             *reinterpret_cast<u32*>(lane_stage + half * 8 * kOutPitch + 16 * ct) = word;
                           });
   __syncwarp();
@@ -65,7 +64,8 @@ __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int 
 // its bits. Exact scalings by 1/256.
 __device__ __forceinline__ void finish_tile(float (&o)[64], const Args& p, float& m0, float& m1, float& l0, float& l1,
                                             float& lt0, float& lt1, const Tile& tl, bool one_block,
-                                            int lane, i64 pitch, u8* stage) {
+                                            int lane, i64 pitch, const TileInfo& info, u8* stage) {
+  const int h = info.row[3], seg = info.row[4];  // read again here: kept across the tile, one spilled
   const bool tensor_l = !one_block;
   if (!tensor_l || (kExactL && p.lse != nullptr)) row_sums(l0, l1);
   const float o_l0 = tensor_l ? lt0 * (1.f / 256.f) : l0 * (1.f / 256.f);
@@ -73,6 +73,6 @@ __device__ __forceinline__ void finish_tile(float (&o)[64], const Args& p, float
   const float lse_l0 = tensor_l && !kExactL ? o_l0 : l0 * (1.f / 256.f);
   const float lse_l1 = tensor_l && !kExactL ? o_l1 : l1 * (1.f / 256.f);
   write_rows_staged([&](int ct, int i) { return o[4 * ct + i]; }, tl.row0, tl.end, lane, m0, m1, o_l0, o_l1,
-                    lse_l0, lse_l1, p.s_v, p.mu, p.q, p.out, p.lse, tl.seg, tl.h, p.heads, pitch, p.tokens,
-                    __ldg(p.q_bounds + tl.seg), p.softmax_scale, stage);
+                    lse_l0, lse_l1, info.s_v, p.mu + ((i64)seg * p.heads + h) * HD, p.q, p.out, p.lse, h, pitch,
+                    p.tokens, info.q_first, p.softmax_scale, stage);
 }

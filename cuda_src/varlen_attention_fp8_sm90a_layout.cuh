@@ -30,12 +30,14 @@ constexpr int kProducerRegs = 24;         // setmaxnreg: what the TMA warpgroup 
 constexpr int kConsumerRegs = 240;        // and each softmax warpgroup takes: O, the P V partial, S, P
 constexpr int kChainStages = 8;           // stages (1024 keys) a P V partial runs on in the tensor core
 constexpr bool kExactL = EXACT_L;         // also the FP32 sum of the unrounded P, for the lse
+constexpr int kLoaderLanes = 32;          // the loading warp: lane 0 issues the TMA loads
 
 static_assert(BQ == 128 && BKV == 64 && KSB == 128 && HD == 128,
               "two consumer warpgroups of 64 query rows, 64-key halves of 128-key stages, head dim 128");
 static_assert(H3_MMA_FORM == 0, "the one-block S path uses the legacy e4m3 mma.sync (form 0)");
 static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "setmaxnreg within the SM's registers");
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
+static_assert(TILE_INTS + 1 <= kLoaderLanes && HD == 4 * kLoaderLanes, "a tile's slot: a word a lane, then s_v four values a lane");
 
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
 // parameters in its order less q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch
@@ -80,17 +82,38 @@ struct Args {
         softmax_scale(p.softmax_scale), q_bounds(p.q_bounds) {}
 };
 
+// What the loading warp reads of a work tile for the consumers, beside the tile's staged Q: the
+// plan's row, its segment's first query row and the s_v of its segment and head, each an L2
+// trip on the consumers' path otherwise (at a tile's start and in its epilogue). Two slots, by the parity of the CTA's tile: the next tile's
+// is written while this one's epilogue still reads its s_v. Lane i of the loading warp writes
+// word i of the first TILE_INTS + 1 (`words`).
+struct TileInfo {
+  union {
+    struct {
+      int row[TILE_INTS];  // the plan's columns
+      int q_first;         // the segment's first query row (the lse's stand-in row for rows past it)
+    };
+    int words[TILE_INTS + 1];
+  };
+  float s_v[HD];
+};
+
 // Dynamic shared memory, from the first 1024-byte boundary (the 128B swizzle's tiles): the e4m3
-// Q tile, the ring of stages, the ones tile, the consumer warps' out staging, the staged bf16 Q.
+// Q tile, the ring of stages, the ones tile, the consumer warps' out staging, the staged bf16 Q;
+// and in static shared memory the tile slots and each ring stage's K scale.
 struct SharedMap {
   u32 q, ring, ones, q_staged;  // shared addresses
   u8* out_stage;
+  TileInfo* info;   // [2]
+  float* stage_sk;  // [kStages]: s_k of the stage's key block and head, written with its loads
   __device__ __forceinline__ u32 stage(int i) const { return ring + i * kStageBytes; }
 };
 
-// full[s]: the stage's TMA bytes landed (one arrival, the producer's, plus the bytes); empty[s]:
+// full[s]: the stage's TMA bytes landed and its s_k written (one arrival, the producer's, plus
+// the bytes); empty[s]:
 // every consumer warp is done with it (kConsumerWarps arrivals); q_full / q_empty likewise for the
-// staged bf16 Q, which the consumers release once they have read it (not after the tile's last S).
+// staged bf16 Q and the tile's slot, which the loading warp's 32 lanes fill (32 arrivals), and
+// which the consumers release once they have read the Q (not after the tile's last S).
 struct Barriers {
   u64* full;
   u64* empty;

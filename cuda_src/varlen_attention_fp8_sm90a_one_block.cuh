@@ -31,13 +31,14 @@ __device__ __forceinline__ void compute_s_sync(float (&s)[32], u32 q_rows, u32 k
 
 // The tile's one stage: S, the softmax, P V on wgmma (waited for at once), O = O * alpha + P V.
 __device__ __forceinline__ void one_block_tile(float (&o)[64], float& m0, float& m1, float& l0, float& l1, float& lt0,
-                                               float& lt1, float (&part)[64], float (&lp)[4], float sk,
+                                               float& lt1, float (&part)[64], float (&lp)[4],
                                                PipelineState<kStages>& slot, const Tile& tl, const SharedMap& sm,
                                                const Barriers& bar, u32 a_q, u64 ones, int warp, int lane, int t) {
   mbar_wait(&bar.full[slot.index], slot.phase);
   const u32 k_rows = sm.stage(slot.index);
   float s[32];
   compute_s_sync(s, a_q + 16 * warp * HD, k_rows, lane);
+  const float sk = stage_scale(sm, slot.index, lane);
   const float cb0 = tl.c0 * sk, cb1 = tl.c1 * sk;
   float mx0, mx1, a0, a1;
   u32 pa[kBlockKeys / 32][4];

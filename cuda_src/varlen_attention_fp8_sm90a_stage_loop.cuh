@@ -30,21 +30,25 @@
 // condition while others are in flight made ptxas serialize every wgmma of the kernel
 // (C7513 / C7515).
 __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1, float& l0, float& l1, float& lt0,
-                                           float& lt1, float (&part)[64], float (&lp)[4], float sk_next,
+                                           float& lt1, float (&part)[64], float (&lp)[4],
                                            PipelineState<kStages>& slot, const Tile& tl, const SharedMap& sm,
-                                           const Barriers& bar, u32 a_q, u64 ones, int heads, int consumer,
+                                           const Barriers& bar, u32 a_q, u64 ones,
                                            int lane, int t) {
   float s[32], s_hi[32];
   u32 pa[kBlockKeys / 32][4], pb[kBlockKeys / 32][4];
-  float sk = 0.f;  // s_k of the stage
+  float sk = 0.f;  // s_k of the stage (the loading warp's copy beside its keys)
   float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at
+  // the consumer, from the thread index again (a volatile read: ptxas merged a plain one with the
+  // kernel's copy, which it kept across the loop and spilled)
+  u32 tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int consumer = (int)(tid >> 7) - 1;
 #pragma unroll 1
   for (int st = 0; st < tl.n_stages; ++st) {
     const u32 stage_base = sm.stage(slot.index);
     if (st == 0) {  // the tile's first S; the later ones are issued a stage ahead
-      sk = sk_next;
-      if (tl.n_stages > 1) sk_next = __ldg(tl.sk + heads);
       mbar_wait(&bar.full[slot.index], slot.phase);
+      sk = stage_scale(sm, slot.index, lane);
       wgmma_fence();
       issue_s128(s, s_hi, a_q, stage_base);
       wgmma_commit();
@@ -71,15 +75,14 @@ __device__ __forceinline__ void stage_loop(float (&o)[64], float& m0, float& m1,
     wgmma_commit();
     if (st == 0 && tl.n_stages >= 2 && consumer == 0) named_barrier_arrive<2, 256>();
     block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);
-    // The ring steps past the stage; where a next one follows, its s_k is read and its keys
-    // waited for before the issue
+    // The ring steps past the stage; where a next one follows, its keys are waited for before
+    // the issue
     const int cur = slot.index;
     slot.advance();
     const bool more = st + 1 < tl.n_stages;
     if (more) {
-      sk = sk_next;
-      if (st + 2 < tl.n_stages) sk_next = __ldg(tl.sk + (i64)(st + 2) * heads);
       mbar_wait(&bar.full[slot.index], slot.phase);
+      sk = stage_scale(sm, slot.index, lane);
     }
     wgmma_fence();
     issue_pv(part, pb, stage_base + kKBytes + kBlockKeys, lp, ones, true, true, true);  // P 0 without a high half

@@ -5,12 +5,10 @@
 
 struct Tile {
   int len;          // the segment's keys
-  int h, seg;
   int end;          // the segment's query rows end here: rows at or past it are not written
   int n_stages;     // 128-key stages
   int row0, row1;   // this lane's two query rows (row1 = row0 + 8)
   float c0, c1;     // softmax_scale log2(e) s_q of each row (0 past the segment: S = 0 there)
-  const float* sk;  // s_k of the tile's head in the segment's first key block, one block per `heads`
 };
 
 // A lane's two rows pass between the tile's parts as separate values: O (o[64]: row0 / row1,
@@ -18,3 +16,9 @@ struct Tile {
 // units, l0 / l1 the FP32 sums of the unrounded P (this lane's share) and lt0 / lt1 the tensor
 // core's sums of the rounded P (the whole row in each lane). (Gathered in a struct, they cost the
 // loop instructions and the exact-l build a spill.)
+
+// The K scale of ring stage `index`, read by lane 0 alone (the lane that later releases the
+// stage, so the read is ordered before the release in one thread) and shuffled to the warp.
+__device__ __forceinline__ float stage_scale(const SharedMap& sm, int index, int lane) {
+  return __shfl_sync(0xFFFFFFFFu, lane == 0 ? sm.stage_sk[index] : 0.f, 0);
+}

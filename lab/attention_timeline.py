@@ -8,50 +8,21 @@ two consumers' phase against each other.
 """
 import statistics
 import sys
-from pathlib import Path
 
-import cupy
 import numpy as np
-import torch
 
 import patched_builds as pb
-from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
-from h3kernels._runtime import compiler
-from h3kernels.testing.timing import attention_kernel_alone
-from h3kernels.timing import median_ms_batched
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from bench_attention import SETS, make_set  # noqa: E402
 
 
 def timeline(name, build):
-    s = make_set(dict(SETS)[name], 56, 0, torch.device("cuda"))
-    args = (s["q"], s["k"], s["v"], s["cu"], s["cu_host"])
-    plain = attention_kernel_alone(*args)
-    probed = attention_kernel_alone(*args, build=build)
-    t_plain = median_ms_batched(plain, batch=5, warmup=2, reps=7)
-    t_probed = median_ms_batched(probed, batch=5, warmup=2, reps=7)
-    mod = compiler.kernel(hopper.SOURCE, hopper.KERNEL, hopper.ARCH, build, 0).function.module
-    size = 132 * 2 * 64 * 8 * 8
-    buf = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(mod.get_global_var("h3_probe")), size, mod), 0)
-    buf.memset(0, size)
-    cupy.cuda.Device().synchronize()
-    probed()
-    torch.cuda.synchronize()
-    t = cupy.ndarray((132, 2, 64, 8), dtype=cupy.uint64, memptr=buf).get().astype(np.int64)
+    t_plain, t_probed, t = pb.probed_run(name, build)
     print(f"\n{name}: kernel alone {t_plain:.3f} ms, with the probes {t_probed:.3f} ms ({t_probed / t_plain:.3f}x)")
     phases = {k: [] for k in range(8)}
     offsets = []
     for cta in range(132):
         n = [int(np.count_nonzero(t[cta, wg, :, 0])) for wg in range(2)]
         for wg in range(2):
-            for st in range(1, n[wg] - 1):
-                row, nxt = t[cta, wg, st], t[cta, wg, st + 1]
-                if not (np.all(row > 0) and nxt[0] > 0):
-                    continue
-                for k in range(1, 8):
-                    phases[k].append(row[k] - row[k - 1])
-                phases[0].append(nxt[0] - row[0])
+            pb.interior_phases(t, cta, wg, phases, 0)
         for st in range(1, min(n) - 1):
             period = t[cta, 0, st + 1, 0] - t[cta, 0, st, 0]
             if period > 0 and t[cta, 1, st, 0] > 0:

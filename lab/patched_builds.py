@@ -81,18 +81,68 @@ TIMELINE_POINTS = ("S ready", "row max", "low P", "low P V issued", "high P", "n
                    "next S waited")
 
 
+# The probes' buffer, h3_probe[cta][consumer][row][point] (132 CTAs, 2 consumers, 64 rows of 8
+# points), and h3_probe_at(row, i, k): clock64 into point k of row i from `row` (null: not probed)
+PROBE_C = ("__device__ unsigned long long h3_probe[132 * 2 * 64 * 8];\n"
+           "__device__ __forceinline__ void h3_probe_at(unsigned long long* row, int i, int k) {\n"
+           "  u64 c;\n"
+           '  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");\n'
+           "  if (row != nullptr && i < 64) row[i * 8 + k] = c;\n"
+           "}\n")
+
+
+def probed_run(set_name, build):
+    """The attention kernel alone on bench_attention's set `set_name` (56 heads): (ms unprobed, ms with
+    `build`'s probes, the probes of one run of it as int64 [132, 2, 64, 8]). Needs a GPU."""
+    import cupy
+    import numpy as np
+    import torch
+    from h3kernels._launch import varlen_attention_fp8_sm90a as hopper
+    from h3kernels.testing.timing import attention_kernel_alone
+    from h3kernels.timing import median_ms_batched
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_attention import SETS, make_set
+    s = make_set(dict(SETS)[set_name], 56, 0, torch.device("cuda"))
+    args = (s["q"], s["k"], s["v"], s["cu"], s["cu_host"])
+    plain = attention_kernel_alone(*args)
+    probed = attention_kernel_alone(*args, build=build)
+    t_plain = median_ms_batched(plain, batch=5, warmup=2, reps=7)
+    t_probed = median_ms_batched(probed, batch=5, warmup=2, reps=7)
+    mod = compiler.kernel(hopper.SOURCE, hopper.KERNEL, hopper.ARCH, build, 0).function.module
+    size = 132 * 2 * 64 * 8 * 8
+    buf = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(int(mod.get_global_var("h3_probe")), size, mod), 0)
+    buf.memset(0, size)
+    cupy.cuda.Device().synchronize()
+    probed()
+    torch.cuda.synchronize()
+    return t_plain, t_probed, cupy.ndarray((132, 2, 64, 8), dtype=cupy.uint64, memptr=buf).get().astype(np.int64)
+
+
+def interior_phases(t, cta, wg, phases, wrap_from):
+    """Appends to phases[k] (k = 1 .. 7) the cycles from point k - 1 to point k of every interior row
+    of t[cta, wg] (probed_run's: a row not the first, whose points and the next row's first were
+    all read), and to phases[0] those from its point wrap_from to the next row's point 0."""
+    import numpy as np
+    n = int(np.count_nonzero(t[cta, wg, :, 0]))
+    for i in range(1, n - 1):
+        row, nxt = t[cta, wg, i], t[cta, wg, i + 1]
+        if np.all(row > 0) and nxt[0] > 0:
+            for k in range(1, 8):
+                phases[k].append(row[k] - row[k - 1])
+            phases[0].append(nxt[0] - row[wrap_from])
+
+
 @patch("attention_timeline")
 def attention_timeline(main, headers):
+    h = "varlen_attention_fp8_sm90a_tile.cuh"  # the probed tiles are known by head and segment
+    headers[h] = replace_once(headers[h], "  int len;          // the segment's keys\n",
+                              "  int len;          // the segment's keys\n  int h, seg;\n", h)
+    h = "varlen_attention_fp8_sm90a_consumer.cuh"
+    headers[h] = replace_once(headers[h], "    Tile tl;\n", "    Tile tl;\n    tl.h = info.row[3];\n    tl.seg = info.row[4];\n", h)
     h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
     t = headers[h]
     t = replace_once(t, '#include "varlen_attention_fp8_sm90a_tile.cuh"\n',
-                     '#include "varlen_attention_fp8_sm90a_tile.cuh"\n'
-                     "__device__ unsigned long long h3_probe[132 * 2 * 64 * 8];\n"
-                     "__device__ __forceinline__ void h3_probe_at(unsigned long long* row, int st, int k) {\n"
-                     "  u64 c;\n"
-                     '  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");\n'
-                     "  if (row != nullptr && st < 64) row[st * 8 + k] = c;\n"
-                     "}\n", h)
+                     '#include "varlen_attention_fp8_sm90a_tile.cuh"\n' + PROBE_C, h)
     t = replace_once(t, "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n",
                      "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
                      "  unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
@@ -107,9 +157,75 @@ def attention_timeline(main, headers):
                       ("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6)):
         t = replace_once(t, anchor, anchor + probe(k), h)
     # the next keys' wait and the stage's last wait end inside a block: their probes follow its brace
-    t = replace_once(t, "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n    wgmma_fence();\n",
-                     "      mbar_wait(&bar.full[slot.index], slot.phase);\n    }\n" + probe(5) + "    wgmma_fence();\n", h)
+    t = replace_once(t, "      sk = stage_scale(sm, slot.index, lane);\n    }\n    wgmma_fence();\n",
+                     "      sk = stage_scale(sm, slot.index, lane);\n    }\n" + probe(5) + "    wgmma_fence();\n", h)
     t = replace_once(t, "    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n" + probe(7) + "  }\n}", h)
+    headers[h] = t
+    return main, headers
+
+
+# the attention's work tiles: clock64 at 8 points of each tile (lane 0 of each consumer warpgroup,
+# a CTA's first 64 tiles), into h3_probe[cta][consumer][tile][point]
+TILE_POINTS = ("tile start", "Q landed", "Q quantized", "both consumers", "first S waited", "half stage",
+               "stages done", "epilogue done")
+
+
+@patch("tile_timeline")
+def tile_timeline(main, headers):
+    h = "varlen_attention_fp8_sm90a_tile.cuh"
+    headers[h] = replace_once(headers[h], "  float c0, c1;", "  unsigned long long* probe;\n  float c0, c1;", h)
+    headers[h] = replace_once(headers[h], "struct Tile {", PROBE_C + "\nstruct Tile {", h)
+    h = "varlen_attention_fp8_sm90a_consumer.cuh"
+    t = headers[h]
+    anchor = "    const TileInfo& info = sm.info[nth & 1];  // the loading warp's copy of the plan's row and s_v\n"
+    t = replace_once(t, anchor, anchor +
+                     "    unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && blockIdx.x < 132 && nth < 64\n"
+                     "        ? h3_probe + ((blockIdx.x * 2 + consumer) * 64 + nth) * 8 : nullptr;\n"
+                     "    h3_probe_at(probe_row, 0, 0);\n", h)
+    t = replace_once(t, "    q_slot.advance();\n", "    q_slot.advance();\n    h3_probe_at(probe_row, 0, 1);\n", h)
+    t = replace_once(t, "    fence_proxy_async_shared();\n    named_barrier_sync<1, 256>();",
+                     "    fence_proxy_async_shared();\n    h3_probe_at(probe_row, 0, 2);\n    named_barrier_sync<1, 256>();\n"
+                     "    h3_probe_at(probe_row, 0, 3);", h)
+    t = replace_once(t, "    Tile tl;", "    Tile tl;\n    tl.probe = probe_row;", h)
+    t = replace_once(t, "    finish_tile(", "    h3_probe_at(probe_row, 0, 6);\n    finish_tile(", h)
+    t = replace_once(t, "sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);\n",
+                     "sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);\n    h3_probe_at(probe_row, 0, 7);\n", h)
+    headers[h] = t
+    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
+    t = headers[h]
+    t = replace_once(t, "      wgmma_wait<0>();\n      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();",
+                     "      wgmma_wait<0>();\n      h3_probe_at(tl.probe, 0, 4);\n"
+                     "      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();\n"
+                     "      h3_probe_at(tl.probe, 0, 5);", h)
+    headers[h] = t
+    return main, headers
+
+
+# tile_timeline's points, finer between the consumers' meeting and the tile's first S
+TILE_POINTS_S = ("tile start", "Q quantized", "both consumers", "stage loop", "first keys landed", "first S issued",
+                 "first S waited", "stages done")
+
+
+@patch("tile_timeline_s")
+def tile_timeline_s(main, headers):
+    main, headers = tile_timeline(main, headers)
+    h = "varlen_attention_fp8_sm90a_consumer.cuh"
+    t = headers[h]
+    t = replace_once(t, "    h3_probe_at(probe_row, 0, 1);\n", "", h)
+    t = replace_once(t, "    h3_probe_at(probe_row, 0, 2);\n", "    h3_probe_at(probe_row, 0, 1);\n", h)
+    t = replace_once(t, "    h3_probe_at(probe_row, 0, 3);", "    h3_probe_at(probe_row, 0, 2);", h)
+    t = replace_once(t, "    h3_probe_at(probe_row, 0, 6);\n", "    h3_probe_at(probe_row, 0, 7);\n", h)
+    t = replace_once(t, "    h3_probe_at(probe_row, 0, 7);\n  }", "  }", h)
+    headers[h] = t
+    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
+    t = headers[h]
+    t = replace_once(t, "      h3_probe_at(tl.probe, 0, 4);\n", "      h3_probe_at(tl.probe, 0, 6);\n", h)
+    t = replace_once(t, "      h3_probe_at(tl.probe, 0, 5);", "", h)
+    t = replace_once(t, "      mbar_wait(&bar.full[slot.index], slot.phase);\n      sk = stage_scale(sm, slot.index, lane);\n"
+                     "      wgmma_fence();\n      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n",
+                     "      h3_probe_at(tl.probe, 0, 3);\n      mbar_wait(&bar.full[slot.index], slot.phase);\n"
+                     "      h3_probe_at(tl.probe, 0, 4);\n      sk = stage_scale(sm, slot.index, lane);\n      wgmma_fence();\n"
+                     "      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n      h3_probe_at(tl.probe, 0, 5);\n", h)
     headers[h] = t
     return main, headers
 
