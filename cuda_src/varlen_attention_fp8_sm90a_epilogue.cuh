@@ -65,7 +65,7 @@ __device__ __forceinline__ void write_rows_staged(Acc o, int row0, int end, int 
 __device__ __forceinline__ void finish_tile(float (&o)[64], const Args& p, float& m0, float& m1, float& l0, float& l1,
                                             float& lt0, float& lt1, const Tile& tl, bool one_block,
                                             int lane, i64 pitch, const TileInfo& info, u8* stage) {
-  const int h = info.row[3], seg = info.row[4];  // read again here: kept across the tile, one spilled
+  const int h = info.row[3], seg = info.row[4];  // read again here: kept across the tile, one was spilled
   const bool tensor_l = !one_block;
   if (!tensor_l || (kExactL && p.lse != nullptr)) row_sums(l0, l1);
   const float o_l0 = tensor_l ? lt0 * (1.f / 256.f) : l0 * (1.f / 256.f);

@@ -37,7 +37,8 @@ static_assert(BQ == 128 && BKV == 64 && KSB == 128 && HD == 128,
 static_assert(H3_MMA_FORM == 0, "the one-block S path uses the legacy e4m3 mma.sync (form 0)");
 static_assert(kProducerRegs * 128 + kConsumers * kConsumerRegs * 128 <= 65536, "setmaxnreg within the SM's registers");
 static_assert(kOnesBytes <= 4 * (kThreads - 128), "the consumer threads write the ones tile, a word each");
-static_assert(TILE_INTS + 1 <= kLoaderLanes && HD == 4 * kLoaderLanes, "a tile's slot: a word a lane, then s_v four values a lane");
+static_assert(TILE_INTS + 1 <= kLoaderLanes && HD == 4 * kLoaderLanes,
+              "a tile's slot: a word a lane, then s_v four values a lane");
 
 // The kernel's one __grid_constant__ parameter: the three tensor maps, then the mma.sync kernel's
 // parameters in its order less q8, s_q (this kernel quantizes Q itself), k8, v8t and v_pitch
@@ -84,9 +85,9 @@ struct Args {
 
 // What the loading warp reads of a work tile for the consumers, beside the tile's staged Q: the
 // plan's row, its segment's first query row and the s_v of its segment and head, each an L2
-// trip on the consumers' path otherwise (at a tile's start and in its epilogue). Two slots, by the parity of the CTA's tile: the next tile's
-// is written while this one's epilogue still reads its s_v. Lane i of the loading warp writes
-// word i of the first TILE_INTS + 1 (`words`).
+// trip on the consumers' path otherwise (at a tile's start and in its epilogue). Two slots, by
+// the parity of the CTA's tile: the next tile's is written while this one's epilogue still reads
+// its s_v. Lane i of the loading warp writes word i of the first TILE_INTS + 1 (`words`).
 struct TileInfo {
   union {
     struct {
@@ -110,10 +111,10 @@ struct SharedMap {
 };
 
 // full[s]: the stage's TMA bytes landed and its s_k written (one arrival, the producer's, plus
-// the bytes); empty[s]:
-// every consumer warp is done with it (kConsumerWarps arrivals); q_full / q_empty likewise for the
-// staged bf16 Q and the tile's slot, which the loading warp's 32 lanes fill (32 arrivals), and
-// which the consumers release once they have read the Q (not after the tile's last S).
+// the bytes); empty[s]: every consumer warp is done with it (kConsumerWarps arrivals); q_full /
+// q_empty likewise for the staged bf16 Q and the tile's slot, which the loading warp's 32 lanes
+// fill (32 arrivals) and every consumer thread releases once it has read the Q (not after the
+// tile's last S).
 struct Barriers {
   u64* full;
   u64* empty;

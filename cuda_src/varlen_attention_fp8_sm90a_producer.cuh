@@ -8,10 +8,8 @@
 // into the ring, each stage a K box (128 key rows), a V^T box (128 channel rows x the stage's
 // 128 keys) and the stage's K scale, once the consumers have freed that ring slot. Rows past the
 // tokens come in as zeros (TMA's fill). Every read of the tile (its slot's, the K scales of up
-// to 32 stages, a lane each) is issued before the first wait, so that one L2 trip covers them
-// (each stage's own K scale read, the next tile's first keys landed 500 cycles late). The
-// parameters are read where used (the constant bank): held in this warp's few registers, one
-// spilled.
+// to 32 stages, a lane each) is issued before the first wait, so that one L2 trip covers them.
+// The parameters are read where used (the constant bank), not held in this warp's 24 registers.
 __device__ __forceinline__ void produce(const AttentionParams& p, const SharedMap& sm, const Barriers& bar,
                                         int lane) {
   if (lane == 0) {
@@ -22,7 +20,7 @@ __device__ __forceinline__ void produce(const AttentionParams& p, const SharedMa
   PipelineState<kStages> slot;
   PipelineState<1> q_slot;
   for (int nth = 0;; ++nth) {
-    const int tile = blockIdx.x + nth * gridDim.x;
+    const int tile = blockIdx.x + nth * gridDim.x;  // (tile += gridDim.x kept gridDim, spilled)
     if (tile >= p.n_tiles) break;
     const int mine = lane < TILE_INTS ? __ldg(p.tiles + (i64)tile * TILE_INTS + lane) : 0;
     const int start = __shfl_sync(0xFFFFFFFFu, mine, 0), len = __shfl_sync(0xFFFFFFFFu, mine, 1);
