@@ -27,6 +27,12 @@ def patch(name):
     return register
 
 
+def edit(texts, name, *pairs):
+    """texts[name] with each (anchor, new) of pairs applied in turn by replace_once."""
+    for anchor, new in pairs:
+        texts[name] = replace_once(texts[name], anchor, new, name)
+
+
 def replace_once(text, anchor, new, where):
     if text.count(anchor) != 1:
         raise ValueError(f"{where}: anchor {anchor!r} found {text.count(anchor)} times")
@@ -228,6 +234,137 @@ def tile_timeline_s(main, headers):
                      "      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n      h3_probe_at(tl.probe, 0, 5);\n", h)
     headers[h] = t
     return main, headers
+
+
+# Q quantized by the loading warpgroup's three idle warps instead of the consumers: a consumer's 64
+# rows of the next tile as soon as that consumer has waited for its last S of this tile (the last
+# stage's stand-in S reads no Q), so that a tile's start holds no quantization (1100-1750 cycles a
+# tile, lab/tile_timeline.py). s_q through shared memory; three tile slots (the loader now runs up
+# to two tiles ahead of an epilogue). Not yet run on a GPU.
+Q_BY_LOADER_C = r"""
+// Warp qw (0..2) of the three quantizing warps: passes qw, qw + 3 of a consumer's 4 passes of 16
+// rows; lane l half l % 2 of row l / 2 (quantize_q_rows' lanes), the staged row read twice (amax,
+// then the codes) to stay within the warpgroup's 24 registers. The same codes and s_q.
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 w;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "r"(addr));
+  return w;
+}
+
+// four bf16 (two words) -> four e4m3 codes by quotient() (e4m3x8's arithmetic, half of it)
+__device__ __forceinline__ u32 e4m3x4_fast(u32 a, u32 b, float s, float inv) {
+  const u32 lo = e4m3x2_from_f32(quotient(__uint_as_float(a << 16), s, inv), quotient(__uint_as_float(a & 0xFFFF0000u), s, inv));
+  const u32 hi = e4m3x2_from_f32(quotient(__uint_as_float(b << 16), s, inv), quotient(__uint_as_float(b & 0xFFFF0000u), s, inv));
+  return lo | hi << 16;
+}
+
+__device__ __forceinline__ void quantize_rows_lean(u32 staged, u32 q8, float* s_q, int pass, int lane) {
+  const int r = lane >> 1, half = lane & 1;
+  const int row = 16 * pass + r;
+  const u32 src = staged + row * 2 * HD + half * 128, dst = q8 + row * HD;
+  u32 m = 0u;
+#pragma unroll 1
+  for (int j = 0; j < 8; ++j) {
+    const uint4 w = lds128(src + (((j + r) & 7) << 4));
+    m = abs_max2(abs_max2(abs_max2(abs_max2(m, w.x), w.y), w.z), w.w);
+  }
+  m = __vmaxu2(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  const float s = __fdiv_rn(__uint_as_float(max(m & 0xFFFFu, m >> 16) << 16), 448.f);
+  const bool fast = __all_sync(0xFFFFFFFFu, s >= kMinFastScale && s < __int_as_float(0x7f800000));
+  const float inv = fast ? __fdiv_rn(1.f, s) : 0.f;
+#pragma unroll 1
+  for (int j = 0; j < 8; ++j) {
+    const int chunk = 8 * half + ((j + r) & 7);
+    const uint4 w = lds128(src + (((j + r) & 7) << 4));
+    const u32 c0 = fast ? e4m3x4_fast(w.x, w.y, s, inv) : e4m3x4_from_bf16x4(w.x, w.y, s);
+    const u32 c1 = fast ? e4m3x4_fast(w.z, w.w, s, inv) : e4m3x4_from_bf16x4(w.z, w.w, s);
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst + ((((chunk >> 1) ^ (row & 7))) << 4) + (chunk & 1) * 8),
+                 "r"(c0), "r"(c1) : "memory");
+  }
+  if (half == 0) s_q[row] = s;
+}
+
+// Threads 32-127: per tile, once its bf16 Q has landed (q_full), each consumer's 64 rows once that
+// consumer is done with its previous rows (q8_free[c]), then q8_full[c]; the staging released
+// (q_empty) when both halves are read. Every thread arrives itself.
+__device__ __forceinline__ void quantize_tiles(const AttentionParams& p, const SharedMap& sm, const Barriers& bar) {
+  const int qw = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+  u32 phase = 0;
+  for (int nth = 0;; ++nth, phase ^= 1) {
+    if (blockIdx.x + nth * gridDim.x >= p.n_tiles) break;
+    mbar_wait(bar.q_full, phase);
+#pragma unroll 1
+    for (int c = 0; c < kConsumers; ++c) {
+      mbar_wait(&bar.q8_free[c], phase ^ 1);
+#pragma unroll 1
+      for (int pass = qw; pass < 4; pass += 3)
+        quantize_rows_lean(sm.q_staged + c * 64 * 2 * HD, sm.q + c * 64 * HD, sm.s_q + 64 * c, pass, lane);
+      fence_proxy_async_shared();
+      mbar_arrive(&bar.q8_full[c]);
+    }
+    mbar_arrive(bar.q_empty);
+  }
+}
+"""
+
+
+@patch("q_by_loader")
+def q_by_loader(main, headers):
+    # the quantizing warps' registers, from the consumers' (40 x 128 + 2 x 232 x 128 <= 65536)
+    edit(headers, "varlen_attention_fp8_sm90a_layout.cuh",
+         ("  float* stage_sk;  // [kStages]: s_k of the stage's key block and head, written with its loads\n",
+          "  float* stage_sk;  // [kStages]: s_k of the stage's key block and head, written with its loads\n"
+          "  float* s_q;  // [BQ]\n"),
+         ("  u64* q_empty;\n", "  u64* q_empty;\n  u64* q8_full;\n  u64* q8_free;\n"),
+         ("constexpr int kProducerRegs = 24; ", "constexpr int kProducerRegs = 40; "),
+         ("constexpr int kConsumerRegs = 240;", "constexpr int kConsumerRegs = 232;"))
+    edit(headers, "varlen_attention_fp8_sm90a_producer.cuh",
+         ("    TileInfo& info = sm.info[nth & 1];", "    TileInfo& info = sm.info[nth % 3];"))
+    headers["varlen_attention_fp8_sm90a_producer.cuh"] += Q_BY_LOADER_C
+    edit(headers, "varlen_attention_fp8_sm90a_consumer.cuh",
+         ("    const TileInfo& info = sm.info[nth & 1];", "    const TileInfo& info = sm.info[nth % 3];"),
+         ("""    mbar_wait(bar.q_full, q_slot.phase);
+    q_slot.advance();
+    const float sq = quantize_q_rows(sm.q_staged + consumer * 64 * 2 * HD, sm.q + consumer * 64 * HD, warp, lane);
+    // every thread's reads of the staged rows and of the previous tile's slot are done: the next
+    // tile's may land (each thread arrives after its own reads, so that no warp-level ordering
+    // is assumed)
+    mbar_arrive(bar.q_empty);
+    fence_proxy_async_shared();
+    named_barrier_sync<1, 256>();  // both consumers: they start every tile together
+    // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
+    // give S = 0 and are not written
+    const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
+""", """    mbar_wait(&bar.q8_full[consumer], q_slot.phase);
+    q_slot.advance();
+    named_barrier_sync<1, 256>();  // both consumers: they start every tile together
+    const float sq0 = sm.s_q[64 * consumer + 16 * warp + g], sq1 = sm.s_q[64 * consumer + 16 * warp + g + 8];
+"""))
+    edit(headers, "varlen_attention_fp8_sm90a_stage_loop.cuh",
+         ("      wgmma_wait<0>();\n      if (tl.n_stages >= 2 && consumer == 1)",
+          "      wgmma_wait<0>();\n      if (tl.n_stages == 1) mbar_arrive(&bar.q8_free[consumer]);\n"
+          "      if (tl.n_stages >= 2 && consumer == 1)"),
+         ("    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n"
+          "    if (st + 2 == tl.n_stages) mbar_arrive(&bar.q8_free[consumer]);  // its last S read Q\n  }\n}"))
+    edit(headers, "varlen_attention_fp8_sm90a_one_block.cuh",
+         ("  lane_max<false>(s, mx0, mx1, cb0, cb1, tl.len, t);\n",
+          "  lane_max<false>(s, mx0, mx1, cb0, cb1, tl.len, t);\n"
+          "  mbar_arrive(&bar.q8_free[(threadIdx.x >> 7) - 1]);  // S's Q reads are done\n"))
+    m = {"main": main}
+    edit(m, "main",
+         ("  __shared__ __align__(16) TileInfo info[2];\n",
+          "  __shared__ __align__(16) TileInfo info[3];\n  __shared__ __align__(8) u64 q8_full[kConsumers], q8_free[kConsumers];\n"
+          "  __shared__ float s_q[BQ];\n"),
+         ("  sm.stage_sk = stage_sk;\n", "  sm.stage_sk = stage_sk;\n  sm.s_q = s_q;\n"),
+         ("  const Barriers bar{full, empty, &q_full, &q_empty};",
+          "  const Barriers bar{full, empty, &q_full, &q_empty, q8_full, q8_free};"),
+         ("    mbar_init(&q_empty, 128 * kConsumers);\n",
+          "    mbar_init(&q_empty, 96);\n    for (int c = 0; c < kConsumers; ++c) {\n"
+          "      mbar_init(&q8_full[c], 96);\n      mbar_init(&q8_free[c], 128);\n    }\n"),
+         ("    if (threadIdx.x < kLoaderLanes) produce(params, sm, bar, threadIdx.x);\n",
+          "    if (threadIdx.x < kLoaderLanes) produce(params, sm, bar, threadIdx.x);\n"
+          "    else quantize_tiles(params, sm, bar);\n"))
+    return m["main"], headers
 
 
 if __name__ == "__main__":
