@@ -60,14 +60,12 @@ struct AttentionParams {
   const int* q_bounds;         // each segment's query rows
 };
 
-// AttentionParams less the maps, as values read once at the kernel's start. Read from the
+// The consumers' fields of AttentionParams, as values read once at the kernel's start (the plan's
+// rows, s_k, s_v and q_bounds reach them through the loading warp's shared memory). Read from the
 // parameter where used instead, the fields were read again after every asm that clobbers memory:
 // the tile loop lost its hoisted tests (out's alignment, lse's presence) and the exact-l build spilled.
 struct Args {
-  const int* tiles;
   int n_tiles;
-  const float* s_k;
-  const float* s_v;
   u16* out;
   int heads;
   float scale_log2;
@@ -76,11 +74,9 @@ struct Args {
   const float* mu;
   int tokens;
   float softmax_scale;
-  const int* q_bounds;
   __device__ __forceinline__ explicit Args(const AttentionParams& p)
-      : tiles(p.tiles), n_tiles(p.n_tiles), s_k(p.s_k), s_v(p.s_v),
-        out(p.out), heads(p.heads), scale_log2(p.scale_log2), lse(p.lse), q(p.q), mu(p.mu), tokens(p.tokens),
-        softmax_scale(p.softmax_scale), q_bounds(p.q_bounds) {}
+      : n_tiles(p.n_tiles), out(p.out), heads(p.heads), scale_log2(p.scale_log2), lse(p.lse), q(p.q), mu(p.mu),
+        tokens(p.tokens), softmax_scale(p.softmax_scale) {}
 };
 
 // What the loading warp reads of a work tile for the consumers, beside the tile's staged Q: the

@@ -140,100 +140,83 @@ def interior_phases(t, cta, wg, phases, wrap_from):
 
 @patch("attention_timeline")
 def attention_timeline(main, headers):
-    h = "varlen_attention_fp8_sm90a_tile.cuh"  # the probed tiles are known by head and segment
-    headers[h] = replace_once(headers[h], "  int len;          // the segment's keys\n",
-                              "  int len;          // the segment's keys\n  int h, seg;\n", h)
-    h = "varlen_attention_fp8_sm90a_consumer.cuh"
-    headers[h] = replace_once(headers[h], "    Tile tl;\n", "    Tile tl;\n    tl.h = info.row[3];\n    tl.seg = info.row[4];\n", h)
-    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
-    t = headers[h]
-    t = replace_once(t, '#include "varlen_attention_fp8_sm90a_tile.cuh"\n',
-                     '#include "varlen_attention_fp8_sm90a_tile.cuh"\n' + PROBE_C, h)
-    t = replace_once(t, "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n",
-                     "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
-                     "  unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
-                     "      blockIdx.x < 132 ? h3_probe + (blockIdx.x * 2 + (threadIdx.x >> 7) - 1) * 512 : nullptr;\n", h)
+    # the probed tiles are known by head and segment
+    edit(headers, "varlen_attention_fp8_sm90a_tile.cuh",
+         ("  int len;          // the segment's keys\n", "  int len;          // the segment's keys\n  int h, seg;\n"))
+    edit(headers, "varlen_attention_fp8_sm90a_consumer.cuh",
+         ("    Tile tl;\n", "    Tile tl;\n    tl.h = info.row[3];\n    tl.seg = info.row[4];\n"))
     probe = "    h3_probe_at(probe_row, st, {});\n".format
-    for anchor, k in (("      fence_regs(s_hi[i]);\n    }\n", 0),
-                      ("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
-                      ("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
-                      ("    issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);\n    wgmma_commit();\n", 3),
-                      ("    block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);\n",
-                       4),
-                      ("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6)):
-        t = replace_once(t, anchor, anchor + probe(k), h)
-    # the next keys' wait and the stage's last wait end inside a block: their probes follow its brace
-    t = replace_once(t, "      sk = stage_scale(sm, slot.index, lane);\n    }\n    wgmma_fence();\n",
-                     "      sk = stage_scale(sm, slot.index, lane);\n    }\n" + probe(5) + "    wgmma_fence();\n", h)
-    t = replace_once(t, "    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n" + probe(7) + "  }\n}", h)
-    headers[h] = t
+    after = lambda anchor, k: (anchor, anchor + probe(k))  # noqa: E731
+    edit(headers, "varlen_attention_fp8_sm90a_stage_loop.cuh",
+         ('#include "varlen_attention_fp8_sm90a_tile.cuh"\n', '#include "varlen_attention_fp8_sm90a_tile.cuh"\n' + PROBE_C),
+         ("  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n",
+          "  float mo0 = neg_inf(), mo1 = neg_inf();  // the max O's values are at\n"
+          "  unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && tl.h == 0 && tl.seg == 0 &&\n"
+          "      blockIdx.x < 132 ? h3_probe + (blockIdx.x * 2 + (threadIdx.x >> 7) - 1) * 512 : nullptr;\n"),
+         after("      fence_regs(s_hi[i]);\n    }\n", 0),
+         after("    row_max<true>(fmaxf(x0, y0), fmaxf(x1, y1), m0, m1, a0, a1, cb0, cb1);\n", 1),
+         after("    block_exp<true, kExactL>(s, pa, m0, m1, l0, l1, a0, a1, cb0, cb1, valid, t);\n", 2),
+         after("    issue_pv(part, pa, stage_base + kKBytes, lp, ones, true, chain_on);\n    wgmma_commit();\n", 3),
+         after("    block_exp<true, kExactL>(s_hi, pb, m0, m1, l0, l1, 1.f, 1.f, cb0, cb1, valid - kBlockKeys, t);"
+               "\n", 4),
+         # the next keys' wait ends inside a block: its probe follows the brace
+         after("      sk = stage_scale(sm, slot.index, lane);\n    }\n", 5),
+         after("    wgmma_wait<1>();  // both halves' P V are done; the next S may still run\n", 6),
+         ("    wgmma_wait<0>();\n  }\n}", "    wgmma_wait<0>();\n" + probe(7) + "  }\n}"))
     return main, headers
 
 
-# the attention's work tiles: clock64 at 8 points of each tile (lane 0 of each consumer warpgroup,
-# a CTA's first 64 tiles), into h3_probe[cta][consumer][tile][point]
+# The attention's work tiles: clock64 at chosen points of each tile (lane 0 of each consumer
+# warpgroup, a CTA's first 64 tiles), into h3_probe[cta][consumer][tile][point]. Each point: the
+# header, the anchor, whether the probe goes before or after it, and the anchor's indentation.
+TILE_PROBE_AT = {
+    "tile start": ("consumer", "  // the loading warp's copy of the plan's row and s_v\n", "after", 4),
+    "Q landed": ("consumer", "    q_slot.advance();\n", "after", 4),
+    "Q quantized": ("consumer", "    named_barrier_sync<1, 256>();", "before", 4),
+    "both consumers": ("consumer", "  // both consumers: they start every tile together\n", "after", 4),
+    "stage loop": ("stage_loop", "  // the tile's first S; the later ones are issued a stage ahead\n", "after", 6),
+    "first keys landed": ("stage_loop", "      sk = stage_scale(sm, slot.index, lane);\n      wgmma_fence();\n",
+                          "before", 6),
+    "first S issued": ("stage_loop", "      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n",
+                       "after", 6),
+    "first S waited": ("stage_loop", "      if (tl.n_stages >= 2 && consumer == 1)", "before", 6),
+    "half stage": ("stage_loop", "  // half a stage behind\n", "after", 6),
+    "stages done": ("consumer", "    finish_tile(", "before", 4),
+    "epilogue done": ("consumer", " * kOutWarpBytes);\n", "after", 4),
+}
 TILE_POINTS = ("tile start", "Q landed", "Q quantized", "both consumers", "first S waited", "half stage",
                "stages done", "epilogue done")
+TILE_POINTS_S = ("tile start", "Q quantized", "both consumers", "stage loop", "first keys landed", "first S issued",
+                 "first S waited", "stages done")  # finer between the consumers' meeting and the first S
+
+
+def tile_probes(main, headers, points):
+    """The probes of `points` (8 names of TILE_PROBE_AT, in the order the tile passes them)."""
+    edit(headers, "varlen_attention_fp8_sm90a_tile.cuh",
+         ("  float c0, c1;", "  unsigned long long* probe;\n  float c0, c1;"),
+         ("struct Tile {", PROBE_C + "\nstruct Tile {"))
+    row = ("    unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && blockIdx.x < 132 && nth < 64\n"
+           "        ? h3_probe + ((blockIdx.x * 2 + consumer) * 64 + nth) * 8 : nullptr;\n")
+    edit(headers, "varlen_attention_fp8_sm90a_consumer.cuh",
+         ("    Tile tl;", "    Tile tl;\n    tl.probe = probe_row;"),
+         ("    const TileInfo& info", row + "    const TileInfo& info"))
+    for k, name in enumerate(points):
+        where, anchor, side, indent = TILE_PROBE_AT[name]
+        row = "probe_row" if where == "consumer" else "tl.probe"
+        probe = f"{' ' * indent}h3_probe_at({row}, 0, {k});\n"
+        edit(headers, f"varlen_attention_fp8_sm90a_{where}.cuh",
+             (anchor, probe + anchor if side == "before" else anchor + probe))
+    return main, headers
 
 
 @patch("tile_timeline")
 def tile_timeline(main, headers):
-    h = "varlen_attention_fp8_sm90a_tile.cuh"
-    headers[h] = replace_once(headers[h], "  float c0, c1;", "  unsigned long long* probe;\n  float c0, c1;", h)
-    headers[h] = replace_once(headers[h], "struct Tile {", PROBE_C + "\nstruct Tile {", h)
-    h = "varlen_attention_fp8_sm90a_consumer.cuh"
-    t = headers[h]
-    anchor = "    const TileInfo& info = sm.info[nth & 1];  // the loading warp's copy of the plan's row and s_v\n"
-    t = replace_once(t, anchor, anchor +
-                     "    unsigned long long* const probe_row = (threadIdx.x & 127) == 0 && blockIdx.x < 132 && nth < 64\n"
-                     "        ? h3_probe + ((blockIdx.x * 2 + consumer) * 64 + nth) * 8 : nullptr;\n"
-                     "    h3_probe_at(probe_row, 0, 0);\n", h)
-    t = replace_once(t, "    q_slot.advance();\n", "    q_slot.advance();\n    h3_probe_at(probe_row, 0, 1);\n", h)
-    t = replace_once(t, "    fence_proxy_async_shared();\n    named_barrier_sync<1, 256>();",
-                     "    fence_proxy_async_shared();\n    h3_probe_at(probe_row, 0, 2);\n    named_barrier_sync<1, 256>();\n"
-                     "    h3_probe_at(probe_row, 0, 3);", h)
-    t = replace_once(t, "    Tile tl;", "    Tile tl;\n    tl.probe = probe_row;", h)
-    t = replace_once(t, "    finish_tile(", "    h3_probe_at(probe_row, 0, 6);\n    finish_tile(", h)
-    t = replace_once(t, "sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);\n",
-                     "sm.out_stage + (4 * consumer + warp) * kOutWarpBytes);\n    h3_probe_at(probe_row, 0, 7);\n", h)
-    headers[h] = t
-    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
-    t = headers[h]
-    t = replace_once(t, "      wgmma_wait<0>();\n      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();",
-                     "      wgmma_wait<0>();\n      h3_probe_at(tl.probe, 0, 4);\n"
-                     "      if (tl.n_stages >= 2 && consumer == 1) named_barrier_sync<2, 256>();\n"
-                     "      h3_probe_at(tl.probe, 0, 5);", h)
-    headers[h] = t
-    return main, headers
-
-
-# tile_timeline's points, finer between the consumers' meeting and the tile's first S
-TILE_POINTS_S = ("tile start", "Q quantized", "both consumers", "stage loop", "first keys landed", "first S issued",
-                 "first S waited", "stages done")
+    return tile_probes(main, headers, TILE_POINTS)
 
 
 @patch("tile_timeline_s")
 def tile_timeline_s(main, headers):
-    main, headers = tile_timeline(main, headers)
-    h = "varlen_attention_fp8_sm90a_consumer.cuh"
-    t = headers[h]
-    t = replace_once(t, "    h3_probe_at(probe_row, 0, 1);\n", "", h)
-    t = replace_once(t, "    h3_probe_at(probe_row, 0, 2);\n", "    h3_probe_at(probe_row, 0, 1);\n", h)
-    t = replace_once(t, "    h3_probe_at(probe_row, 0, 3);", "    h3_probe_at(probe_row, 0, 2);", h)
-    t = replace_once(t, "    h3_probe_at(probe_row, 0, 6);\n", "    h3_probe_at(probe_row, 0, 7);\n", h)
-    t = replace_once(t, "    h3_probe_at(probe_row, 0, 7);\n  }", "  }", h)
-    headers[h] = t
-    h = "varlen_attention_fp8_sm90a_stage_loop.cuh"
-    t = headers[h]
-    t = replace_once(t, "      h3_probe_at(tl.probe, 0, 4);\n", "      h3_probe_at(tl.probe, 0, 6);\n", h)
-    t = replace_once(t, "      h3_probe_at(tl.probe, 0, 5);", "", h)
-    t = replace_once(t, "      mbar_wait(&bar.full[slot.index], slot.phase);\n      sk = stage_scale(sm, slot.index, lane);\n"
-                     "      wgmma_fence();\n      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n",
-                     "      h3_probe_at(tl.probe, 0, 3);\n      mbar_wait(&bar.full[slot.index], slot.phase);\n"
-                     "      h3_probe_at(tl.probe, 0, 4);\n      sk = stage_scale(sm, slot.index, lane);\n      wgmma_fence();\n"
-                     "      issue_s128(s, s_hi, a_q, stage_base);\n      wgmma_commit();\n      h3_probe_at(tl.probe, 0, 5);\n", h)
-    headers[h] = t
-    return main, headers
+    return tile_probes(main, headers, TILE_POINTS_S)
 
 
 # Q quantized by the loading warpgroup's three idle warps instead of the consumers: a consumer's 64
@@ -253,9 +236,11 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
 
 // four bf16 (two words) -> four e4m3 codes by quotient() (e4m3x8's arithmetic, half of it)
 __device__ __forceinline__ u32 e4m3x4_fast(u32 a, u32 b, float s, float inv) {
-  const u32 lo = e4m3x2_from_f32(quotient(__uint_as_float(a << 16), s, inv), quotient(__uint_as_float(a & 0xFFFF0000u), s, inv));
-  const u32 hi = e4m3x2_from_f32(quotient(__uint_as_float(b << 16), s, inv), quotient(__uint_as_float(b & 0xFFFF0000u), s, inv));
-  return lo | hi << 16;
+  const auto pair = [&](u32 w) {
+    return (u32)e4m3x2_from_f32(quotient(__uint_as_float(w << 16), s, inv),
+                                quotient(__uint_as_float(w & 0xFFFF0000u), s, inv));
+  };
+  return pair(a) | pair(b) << 16;
 }
 
 __device__ __forceinline__ void quantize_rows_lean(u32 staged, u32 q8, float* s_q, int pass, int lane) {
@@ -353,7 +338,8 @@ def q_by_loader(main, headers):
     m = {"main": main}
     edit(m, "main",
          ("  __shared__ __align__(16) TileInfo info[2];\n",
-          "  __shared__ __align__(16) TileInfo info[3];\n  __shared__ __align__(8) u64 q8_full[kConsumers], q8_free[kConsumers];\n"
+          "  __shared__ __align__(16) TileInfo info[3];\n"
+          "  __shared__ __align__(8) u64 q8_full[kConsumers], q8_free[kConsumers];\n"
           "  __shared__ float s_q[BQ];\n"),
          ("  sm.stage_sk = stage_sk;\n", "  sm.stage_sk = stage_sk;\n  sm.s_q = s_q;\n"),
          ("  const Barriers bar{full, empty, &q_full, &q_empty};",
