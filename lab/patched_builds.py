@@ -222,58 +222,144 @@ def tile_timeline_s(main, headers):
 # Q quantized by the loading warpgroup's three idle warps instead of the consumers: a consumer's 64
 # rows of the next tile as soon as that consumer has waited for its last S of this tile (the last
 # stage's stand-in S reads no Q), so that a tile's start holds no quantization (1100-1750 cycles a
-# tile, lab/tile_timeline.py). s_q through shared memory; three tile slots (the loader now runs up
-# to two tiles ahead of an epilogue). Not yet run on a GPU.
+# tile, lab/tile_timeline.py). s_q through shared memory; a consumer waits for its rows on named
+# barrier 3 + c (an mbarrier's phase, kept across the tile, spilled in the exact-l build); three
+# tile slots (the loader now runs up to two tiles ahead of an epilogue). The warpgroup's 40
+# registers hold no division (its slow path is a call, which spilled): lab/q_by_loader_check.py
+# checks the arithmetic that replaces it. Not yet run on a GPU.
 Q_BY_LOADER_C = r"""
-// Warp qw (0..2) of the three quantizing warps: passes qw, qw + 3 of a consumer's 4 passes of 16
-// rows; lane l half l % 2 of row l / 2 (quantize_q_rows' lanes), the staged row read twice (amax,
-// then the codes) to stay within the warpgroup's 24 registers. The same codes and s_q.
+constexpr float kInv448 = 1.f / 448.f;  // RN(1 / 448)
+
+// RN(a / s) for a finite a and a normal s > 0, by integer steps (no call to a division's slow
+// path); +-Inf past the largest float
+__device__ __forceinline__ float div_rn_exact(float a, float s) {
+  const u32 ab = __float_as_uint(a), sb = __float_as_uint(s);
+  const u32 sign = ab & 0x80000000u;
+  u32 ma = ab & 0x7FFFFFu, ms = (sb & 0x7FFFFFu) | 0x800000u;
+  int e = (int)((ab >> 23) & 0xFFu);
+  if (e == 0) {  // a zero or subnormal a
+    if (ma == 0u) return a;
+    const int shift = __clz(ma) - 8;
+    ma <<= shift;
+    e = 1 - shift;
+  }
+  ma |= 0x800000u;
+  e += 127 - (int)((sb >> 23) & 0xFFu);  // the quotient's biased exponent when ma >= ms
+  if (ma < ms) {
+    ma <<= 1;
+    --e;
+  }
+  u32 q = 0u;  // 24 bits of the quotient's significand and a rounding bit
+#pragma unroll 1
+  for (int i = 0; i < 25; ++i) {
+    q <<= 1;
+    if (ma >= ms) {
+      ma -= ms;
+      q |= 1u;
+    }
+    ma <<= 1;
+  }
+  u32 sticky = ma;
+  if (e <= 0) {  // a subnormal quotient: k more bits go below its last place
+    const int k = min(1 - e, 26);
+    sticky |= q & ((1u << k) - 1u);
+    q >>= k;
+    e = 0;
+  }
+  u32 m = q >> 1;  // to nearest, ties to even; a carry out of a subnormal makes it normal
+  if ((q & 1u) && (sticky != 0u || (m & 1u))) ++m;
+  if (m == 0x1000000u) {
+    m >>= 1;
+    ++e;
+  }
+  if (e >= 255) return __uint_as_float(sign | 0x7F800000u);
+  return __uint_as_float(sign | (e > 0 ? ((u32)e << 23) | (m & 0x7FFFFFu) : m));
+}
+
+// RN(a / s) of a row that the fast path does not take, up to the e4m3 code: an infinite s (an
+// infinite amax) gives +-0 and NaN for an infinite a; an s below kMinFastScale is scaled with a by
+// 2^64, exactly, into div_rn_exact's range. (A zero or NaN s gives zero codes before this.)
+__device__ __forceinline__ float quotient_rare(float a, float s) {
+  if (s == __int_as_float(0x7f800000))
+    return __uint_as_float(fabsf(a) == s ? 0x7fffffffu : __float_as_uint(a) & 0x80000000u);
+  return s < kMinFastScale ? div_rn_exact(a * 0x1p64f, s * 0x1p64f) : div_rn_exact(a, s);
+}
+
+// e4m3x4_from_bf16x4's codes by quotient_rare
+__device__ __forceinline__ u32 e4m3x4_rare(u32 lo, u32 hi, float s) {
+  if (!(s > 0.f)) return 0u;  // a zero row (and, as in the reference, a NaN row) quantizes to 0
+  const auto pair = [&](u32 w) {
+    return (u32)e4m3x2_from_f32(quotient_rare(__uint_as_float(w << 16), s),
+                                quotient_rare(__uint_as_float(w & 0xFFFF0000u), s));
+  };
+  return pair(lo) | pair(hi) << 16;
+}
+
 __device__ __forceinline__ uint4 lds128(u32 addr) {
   uint4 w;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "r"(addr));
   return w;
 }
 
-// four bf16 (two words) -> four e4m3 codes by quotient() (e4m3x8's arithmetic, half of it)
-__device__ __forceinline__ u32 e4m3x4_fast(u32 a, u32 b, float s, float inv) {
-  const auto pair = [&](u32 w) {
-    return (u32)e4m3x2_from_f32(quotient(__uint_as_float(w << 16), s, inv),
-                                quotient(__uint_as_float(w & 0xFFFF0000u), s, inv));
-  };
-  return pair(a) | pair(b) << 16;
-}
-
-__device__ __forceinline__ void quantize_rows_lean(u32 staged, u32 q8, float* s_q, int pass, int lane) {
-  const int r = lane >> 1, half = lane & 1;
-  const int row = 16 * pass + r;
-  const u32 src = staged + row * 2 * HD + half * 128, dst = q8 + row * HD;
+// Rows 8 pass .. 8 pass + 7 of a consumer's 64: lane l takes quarter l % 4 (32 channels, four
+// 16-byte pieces, in an order rotated by the row: the loads two lanes to a bank group, the 8-byte
+// stores of the codes one) of row l / 4, read twice (the amax, then the codes: held between
+// them, the row spilled the loop's state in the warpgroup's 40 registers)
+__device__ __forceinline__ void quantize_rows_lean(u32 staged, u32 q8, float* s_q, int pass) {
+  // the lane read here (volatile): read once outside the loop of passes, its pieces' offsets were
+  // kept across it and spilled the loop's state
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  const int r = lane >> 2, qt = lane & 3;
+  const int row = 8 * pass + r;
+  const u32 src = staged + row * 2 * HD + qt * 64;
   u32 m = 0u;
-#pragma unroll 1
-  for (int j = 0; j < 8; ++j) {
-    const uint4 w = lds128(src + (((j + r) & 7) << 4));
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 w = lds128(src + (((k + r) & 3) << 4));
     m = abs_max2(abs_max2(abs_max2(abs_max2(m, w.x), w.y), w.z), w.w);
   }
   m = __vmaxu2(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-  const float s = __fdiv_rn(__uint_as_float(max(m & 0xFFFFu, m >> 16) << 16), 448.f);
-  const bool fast = __all_sync(0xFFFFFFFFu, s >= kMinFastScale && s < __int_as_float(0x7f800000));
-  const float inv = fast ? __fdiv_rn(1.f, s) : 0.f;
+  m = __vmaxu2(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  // s = RN(amax / 448) and inv = RN(1 / s) without a division (whose slow path is a call): the
+  // product by RN(1 / 448) with one correction, and one Newton step from rcp.approx, exact wherever
+  // s is in the fast range (lab/q_by_loader_check.py); the rare rows divide by integer steps
+  const float amax = __uint_as_float(max(m & 0xFFFFu, m >> 16) << 16);
+  const float q = __fmul_rn(amax, kInv448);
+  float s = __fmaf_rn(__fmaf_rn(-q, 448.f, amax), kInv448, q);
+  // piece k's 8 codes: chunk 4 qt + (k + r) % 4 of the row's 16, the 128-byte swizzle
+  const auto at = [&](int k) {
+    const int chunk = 4 * qt + ((k + r) & 3);
+    return q8 + row * HD + ((((chunk >> 1) ^ (row & 7))) << 4) + (chunk & 1) * 8;
+  };
+  if (__all_sync(0xFFFFFFFFu, s >= kMinFastScale && s < __int_as_float(0x7f800000))) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
+    const float inv = __fmaf_rn(__fmaf_rn(-s, y, 1.f), y, y);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint2 codes = e4m3x8(lds128(src + (((k + r) & 3) << 4)), s, inv);
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(k)), "r"(codes.x), "r"(codes.y) : "memory");
+    }
+  } else {  // rare: integer divisions
+    s = amax < __int_as_float(0x7f800000) ? div_rn_exact(amax, 448.f) : amax;
 #pragma unroll 1
-  for (int j = 0; j < 8; ++j) {
-    const int chunk = 8 * half + ((j + r) & 7);
-    const uint4 w = lds128(src + (((j + r) & 7) << 4));
-    const u32 c0 = fast ? e4m3x4_fast(w.x, w.y, s, inv) : e4m3x4_from_bf16x4(w.x, w.y, s);
-    const u32 c1 = fast ? e4m3x4_fast(w.z, w.w, s, inv) : e4m3x4_from_bf16x4(w.z, w.w, s);
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst + ((((chunk >> 1) ^ (row & 7))) << 4) + (chunk & 1) * 8),
-                 "r"(c0), "r"(c1) : "memory");
+    for (int k = 0; k < 4; ++k) {
+      const uint4 v = lds128(src + (((k + r) & 3) << 4));
+      asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(k)), "r"(e4m3x4_rare(v.x, v.y, s)),
+                   "r"(e4m3x4_rare(v.z, v.w, s))
+                   : "memory");
+    }
   }
-  if (half == 0) s_q[row] = s;
+  if (qt == 0) s_q[row] = s;
 }
 
-// Threads 32-127: per tile, once its bf16 Q has landed (q_full), each consumer's 64 rows once that
-// consumer is done with its previous rows (q8_free[c]), then q8_full[c]; the staging released
-// (q_empty) when both halves are read. Every thread arrives itself.
+// Threads 32-127, warps qw = 0..2: per tile, once its bf16 Q has landed (q_full), each consumer's
+// 64 rows once that consumer is done with its previous rows (q8_free[c]): passes qw, qw + 3, qw + 6
+// of its 8 passes of 8 rows; then named barrier 3 + c. The staging is released (q_empty) when both
+// halves are read. Every thread arrives itself. The same codes and s_q as quantize_q_rows.
 __device__ __forceinline__ void quantize_tiles(const AttentionParams& p, const SharedMap& sm, const Barriers& bar) {
-  const int qw = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+  const int qw = (threadIdx.x >> 5) - 1;
   u32 phase = 0;
   for (int nth = 0;; ++nth, phase ^= 1) {
     if (blockIdx.x + nth * gridDim.x >= p.n_tiles) break;
@@ -282,10 +368,10 @@ __device__ __forceinline__ void quantize_tiles(const AttentionParams& p, const S
     for (int c = 0; c < kConsumers; ++c) {
       mbar_wait(&bar.q8_free[c], phase ^ 1);
 #pragma unroll 1
-      for (int pass = qw; pass < 4; pass += 3)
-        quantize_rows_lean(sm.q_staged + c * 64 * 2 * HD, sm.q + c * 64 * HD, sm.s_q + 64 * c, pass, lane);
+      for (int pass = qw; pass < 8; pass += 3)
+        quantize_rows_lean(sm.q_staged + c * 64 * 2 * HD, sm.q + c * 64 * HD, sm.s_q + 64 * c, pass);
       fence_proxy_async_shared();
-      mbar_arrive(&bar.q8_full[c]);
+      asm volatile("bar.arrive %0, 224;\n" ::"r"(3 + c) : "memory");
     }
     mbar_arrive(bar.q_empty);
   }
@@ -295,18 +381,19 @@ __device__ __forceinline__ void quantize_tiles(const AttentionParams& p, const S
 
 @patch("q_by_loader")
 def q_by_loader(main, headers):
-    # the quantizing warps' registers, from the consumers' (40 x 128 + 2 x 232 x 128 <= 65536)
     edit(headers, "varlen_attention_fp8_sm90a_layout.cuh",
          ("  float* stage_sk;  // [kStages]: s_k of the stage's key block and head, written with its loads\n",
           "  float* stage_sk;  // [kStages]: s_k of the stage's key block and head, written with its loads\n"
           "  float* s_q;  // [BQ]\n"),
-         ("  u64* q_empty;\n", "  u64* q_empty;\n  u64* q8_full;\n  u64* q8_free;\n"),
+         ("  u64* q_empty;\n", "  u64* q_empty;\n  u64* q8_free;\n"),
+         # the quantizing warps' registers (the divisions' slow path is a call), from the consumers'
          ("constexpr int kProducerRegs = 24; ", "constexpr int kProducerRegs = 40; "),
          ("constexpr int kConsumerRegs = 240;", "constexpr int kConsumerRegs = 232;"))
     edit(headers, "varlen_attention_fp8_sm90a_producer.cuh",
          ("    TileInfo& info = sm.info[nth & 1];", "    TileInfo& info = sm.info[nth % 3];"))
     headers["varlen_attention_fp8_sm90a_producer.cuh"] += Q_BY_LOADER_C
     edit(headers, "varlen_attention_fp8_sm90a_consumer.cuh",
+         ("  PipelineState<1> q_slot;\n", ""),
          ("    const TileInfo& info = sm.info[nth & 1];", "    const TileInfo& info = sm.info[nth % 3];"),
          ("""    mbar_wait(bar.q_full, q_slot.phase);
     q_slot.advance();
@@ -320,8 +407,9 @@ def q_by_loader(main, headers):
     // s_q of rows g and g + 8 (lanes 2 g and 2 g + 16 quantized them); rows past the segment
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
-""", """    mbar_wait(&bar.q8_full[consumer], q_slot.phase);
-    q_slot.advance();
+""", """    // its rows quantized: named barrier 3 + consumer, whose 96 quantizing threads arrive (no phase
+    // to keep: an mbarrier's spilled in the exact-l build)
+    asm volatile("bar.sync %0, 224;\\n" ::"r"(3 + consumer) : "memory");
     named_barrier_sync<1, 256>();  // both consumers: they start every tile together
     const float sq0 = sm.s_q[64 * consumer + 16 * warp + g], sq1 = sm.s_q[64 * consumer + 16 * warp + g + 8];
 """))
@@ -339,14 +427,14 @@ def q_by_loader(main, headers):
     edit(m, "main",
          ("  __shared__ __align__(16) TileInfo info[2];\n",
           "  __shared__ __align__(16) TileInfo info[3];\n"
-          "  __shared__ __align__(8) u64 q8_full[kConsumers], q8_free[kConsumers];\n"
+          "  __shared__ __align__(8) u64 q8_free[kConsumers];\n"
           "  __shared__ float s_q[BQ];\n"),
          ("  sm.stage_sk = stage_sk;\n", "  sm.stage_sk = stage_sk;\n  sm.s_q = s_q;\n"),
          ("  const Barriers bar{full, empty, &q_full, &q_empty};",
-          "  const Barriers bar{full, empty, &q_full, &q_empty, q8_full, q8_free};"),
+          "  const Barriers bar{full, empty, &q_full, &q_empty, q8_free};"),
          ("    mbar_init(&q_empty, 128 * kConsumers);\n",
           "    mbar_init(&q_empty, 96);\n    for (int c = 0; c < kConsumers; ++c) {\n"
-          "      mbar_init(&q8_full[c], 96);\n      mbar_init(&q8_free[c], 128);\n    }\n"),
+          "      mbar_init(&q8_free[c], 128);\n    }\n"),
          ("    if (threadIdx.x < kLoaderLanes) produce(params, sm, bar, threadIdx.x);\n",
           "    if (threadIdx.x < kLoaderLanes) produce(params, sm, bar, threadIdx.x);\n"
           "    else quantize_tiles(params, sm, bar);\n"))
