@@ -226,7 +226,8 @@ def tile_timeline_s(main, headers):
 # barrier 3 + c (an mbarrier's phase, kept across the tile, spilled in the exact-l build); three
 # tile slots (the loader now runs up to two tiles ahead of an epilogue). The warpgroup's 40
 # registers hold no division (its slow path is a call, which spilled): lab/q_by_loader_check.py
-# checks the arithmetic that replaces it. Not yet run on a GPU.
+# checks the arithmetic that replaces it. Each consumer thread arrives on q8_free once a tile, after
+# its last S (a tile of no keys, which no plan makes, would not). Not yet run on a GPU.
 Q_BY_LOADER_C = r"""
 constexpr float kInv448 = 1.f / 448.f;  // RN(1 / 448)
 
@@ -408,8 +409,12 @@ def q_by_loader(main, headers):
     // give S = 0 and are not written
     const float sq0 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g), sq1 = __shfl_sync(0xFFFFFFFFu, sq, 2 * g + 16);
 """, """    // its rows quantized: named barrier 3 + consumer, whose 96 quantizing threads arrive (no phase
-    // to keep: an mbarrier's spilled in the exact-l build)
-    asm volatile("bar.sync %0, 224;\\n" ::"r"(3 + consumer) : "memory");
+    // to keep: an mbarrier's spilled in the exact-l build); ids as constants (a run-time id moved
+    // the stage loop's descriptors between its wgmmas)
+    if (consumer == 0)
+      named_barrier_sync<3, 224>();
+    else
+      named_barrier_sync<4, 224>();
     named_barrier_sync<1, 256>();  // both consumers: they start every tile together
     const float sq0 = sm.s_q[64 * consumer + 16 * warp + g], sq1 = sm.s_q[64 * consumer + 16 * warp + g + 8];
 """))
