@@ -168,7 +168,8 @@ def attention_timeline(main, headers):
 
 # The attention's work tiles: clock64 at chosen points of each tile (lane 0 of each consumer
 # warpgroup, a CTA's first 64 tiles), into h3_probe[cta][consumer][tile][point]. Each point: the
-# header, the anchor, whether the probe goes before or after it, and the anchor's indentation.
+# header, the anchor, whether the probe goes before or after it, the anchor's indentation, and where
+# the header's code holds the probe row under another name, that name.
 TILE_PROBE_AT = {
     "tile start": ("consumer", "  // the loading warp's copy of the plan's row and s_v\n", "after", 4),
     "Q landed": ("consumer", "    q_slot.advance();\n", "after", 4),
@@ -182,12 +183,17 @@ TILE_PROBE_AT = {
     "first S waited": ("stage_loop", "      if (tl.n_stages >= 2 && consumer == 1)", "before", 6),
     "half stage": ("stage_loop", "  // half a stage behind\n", "after", 6),
     "stages done": ("consumer", "    finish_tile(", "before", 4),
+    "epilogue sums": ("epilogue", "  write_rows_staged([&]", "before", 2),  # the rows' l and its reciprocal
+    "out staged": ("epilogue", "  __syncwarp();\n", "after", 2, "probe"),
+    "out stored": ("epilogue", "  __syncwarp();  // the warp's next epilogue", "before", 2, "probe"),
     "epilogue done": ("consumer", " * kOutWarpBytes);\n", "after", 4),
 }
 TILE_POINTS = ("tile start", "Q landed", "Q quantized", "both consumers", "first S waited", "half stage",
                "stages done", "epilogue done")
 TILE_POINTS_S = ("tile start", "Q quantized", "both consumers", "stage loop", "first keys landed", "first S issued",
                  "first S waited", "stages done")  # finer between the consumers' meeting and the first S
+TILE_POINTS_E = ("tile start", "both consumers", "first S waited", "stages done", "epilogue sums", "out staged",
+                 "out stored", "epilogue done")  # finer about the epilogue
 
 
 def tile_probes(main, headers, points):
@@ -200,9 +206,13 @@ def tile_probes(main, headers, points):
     edit(headers, "varlen_attention_fp8_sm90a_consumer.cuh",
          ("    Tile tl;", "    Tile tl;\n    tl.probe = probe_row;"),
          ("    const TileInfo& info", row + "    const TileInfo& info"))
+    # write_rows_staged takes the tile's probe row (a defaulted parameter: nothing else changes)
+    edit(headers, "varlen_attention_fp8_sm90a_epilogue.cuh",
+         ("float softmax_scale, u8* stage) {", "float softmax_scale, u8* stage, unsigned long long* probe = nullptr) {"),
+         ("p.softmax_scale, stage);", "p.softmax_scale, stage, tl.probe);"))
     for k, name in enumerate(points):
-        where, anchor, side, indent = TILE_PROBE_AT[name]
-        row = "probe_row" if where == "consumer" else "tl.probe"
+        where, anchor, side, indent, *var = TILE_PROBE_AT[name]
+        row = var[0] if var else "probe_row" if where == "consumer" else "tl.probe"
         probe = f"{' ' * indent}h3_probe_at({row}, 0, {k});\n"
         edit(headers, f"varlen_attention_fp8_sm90a_{where}.cuh",
              (anchor, probe + anchor if side == "before" else anchor + probe))
@@ -217,6 +227,11 @@ def tile_timeline(main, headers):
 @patch("tile_timeline_s")
 def tile_timeline_s(main, headers):
     return tile_probes(main, headers, TILE_POINTS_S)
+
+
+@patch("tile_timeline_e")
+def tile_timeline_e(main, headers):
+    return tile_probes(main, headers, TILE_POINTS_E)
 
 
 # Q quantized by the loading warpgroup's three idle warps instead of the consumers: a consumer's 64

@@ -3,7 +3,8 @@ shipped kernel with clock64 read at 8 points of each tile (patched_builds.tile_t
 of each consumer warpgroup, a CTA's first 64 tiles), timed against the unprobed kernel; then the
 cycles between consecutive points, medians over every CTA's interior tiles, per consumer.
 
-    python lab/tile_timeline.py 64x256 [16x1024 4x4096 ...] [--first-s]   (finer about the first S)
+    python lab/tile_timeline.py 64x256 [16x1024 4x4096 ...] [--first-s | --epilogue]   (finer about the
+    first S, or about the epilogue)
 """
 import statistics
 import sys
@@ -36,11 +37,14 @@ def timeline(name, build, points):
 
 def main():
     args = sys.argv[1:]
-    fine = "--first-s" in args
-    args = [a for a in args if a != "--first-s"]
-    build = pb.LabAttentionBuild(patch="tile_timeline_s" if fine else "tile_timeline")
-    for name in args or ["64x256"]:
-        timeline(name, build, pb.TILE_POINTS_S if fine else pb.TILE_POINTS)
+    patch, points = "tile_timeline", pb.TILE_POINTS
+    if "--first-s" in args:
+        patch, points = "tile_timeline_s", pb.TILE_POINTS_S
+    if "--epilogue" in args:
+        patch, points = "tile_timeline_e", pb.TILE_POINTS_E
+    build = pb.LabAttentionBuild(patch=patch)
+    for name in [a for a in args if not a.startswith("--")] or ["64x256"]:
+        timeline(name, build, points)
 
 
 if __name__ == "__main__":
