@@ -20,6 +20,13 @@ __device__ __forceinline__ float quotient(float a, float s, float inv) {
   return r == 0.f ? q : __fmaf_rn(r, inv, q);
 }
 
+// 16 bytes of shared memory at `addr`
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+  uint4 w;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "r"(addr));
+  return w;
+}
+
 // Eight bf16 values (a 16-byte chunk) -> eight e4m3 codes (two words, first value lowest) by
 // quotient(); the divisions' form of the same codes is fp8_common.cuh's e4m3x4_from_bf16x4.
 __device__ __forceinline__ uint2 e4m3x8(const uint4& w, float s, float inv) {
@@ -45,9 +52,7 @@ __device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, i
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int chunk = 8 * half + ((j + r) & 7);
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[j].x), "=r"(w[j].y), "=r"(w[j].z), "=r"(w[j].w)
-                 : "r"(staged + row * 2 * HD + chunk * 16));
+    w[j] = lds128(staged + row * 2 * HD + chunk * 16);
   }
   // The amax on the bf16 bits (abs_max2): a NaN reaches the scale (RN(NaN / 448): codes 0, S
   // NaN, as the Q pass's NaN-keeping max gives)
@@ -73,10 +78,7 @@ __device__ __forceinline__ float quantize_q_rows(u32 staged, u32 q8, int warp, i
   } else {  // rare (a row of the warp below kMinFastScale, or with an Inf): divisions, rolled
 #pragma unroll 1
     for (int j = 0; j < 8; ++j) {
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(staged + row * 2 * HD + (8 * half + ((j + r) & 7)) * 16));
+      const uint4 v = lds128(staged + row * 2 * HD + (8 * half + ((j + r) & 7)) * 16);
       // zero codes for a zero or NaN scale
       asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(at(j)), "r"(e4m3x4_from_bf16x4(v.x, v.y, s)),
                    "r"(e4m3x4_from_bf16x4(v.z, v.w, s))

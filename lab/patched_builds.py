@@ -311,12 +311,6 @@ __device__ __forceinline__ u32 e4m3x4_rare(u32 lo, u32 hi, float s) {
   return pair(lo) | pair(hi) << 16;
 }
 
-__device__ __forceinline__ uint4 lds128(u32 addr) {
-  uint4 w;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "r"(addr));
-  return w;
-}
-
 // Rows 8 pass .. 8 pass + 7 of a consumer's 64: lane l takes quarter l % 4 (32 channels, four
 // 16-byte pieces, in an order rotated by the row: the loads two lanes to a bank group, the 8-byte
 // stores of the codes one) of row l / 4, read twice (the amax, then the codes: held between
